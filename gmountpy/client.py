@@ -1,0 +1,56 @@
+"""Talking to running daemons from outside the mount (CLI, library, tests).
+
+A short-lived trio run per call keeps this usable from plain synchronous
+code; it authenticates with the cluster secret like any peer.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import trio
+
+from . import rpc
+from .errors import PeerUnavailable
+from .state import ClusterState, load_secret
+
+T = TypeVar("T")
+
+
+def run_sync(func: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """Run a trio coroutine function to completion from synchronous code."""
+    return trio.run(func, *args)
+
+
+async def call(state: ClusterState, node: str, op: str, *args: Any, timeout: float = 10.0,
+               secret: bytes | None = None) -> Any:
+    record = state.nodes.get(node)
+    if record is None:
+        raise PeerUnavailable(node, f"not a node of cluster {state.name!r}", errno.ENOENT)
+    key = secret if secret is not None else load_secret(state.name)
+    async with trio.open_nursery() as nursery:
+        client = await rpc.connect(nursery, record.host, record.port, secret=key, name="gmount-cli",
+                                   peer=node, timeout=min(timeout, 3.0))
+        try:
+            return await client.call(op, *args, timeout=timeout)
+        finally:
+            await client.aclose()
+
+
+async def ping_all(state: ClusterState, timeout: float = 3.0) -> dict[str, dict[str, Any] | str]:
+    """Each node's ping answer, or a one-line reason why it did not answer."""
+    secret = load_secret(state.name)
+    answers: dict[str, dict[str, Any] | str] = {}
+
+    async def ping(node: str) -> None:
+        try:
+            answers[node] = await call(state, node, "ping", timeout=timeout, secret=secret)
+        except OSError as exc:
+            answers[node] = str(exc)
+
+    async with trio.open_nursery() as nursery:
+        for node in state.nodes:
+            nursery.start_soon(ping, node)
+    return {node: answers[node] for node in state.nodes}

@@ -1,0 +1,494 @@
+"""The cluster spec: one TOML file that says which nodes exist, where they are, and how far apart.
+
+Everything is validated up front so that a typo fails at load time with a
+message naming the key, instead of as a hang or a mount in the wrong place
+minutes later on some remote machine.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import networkx as nx
+
+from gmountpy.errors import GmountError
+
+_NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
+_PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
+_PLACEHOLDERS = ("node", "site", "cluster")
+LAUNCHERS = ("local", "ssh")
+
+_TOP_KEYS = ("name", "launcher", "intra_site_rtt_ms", "defaults", "nodes", "sites", "links", "tuning")
+_NODE_KEYS = ("export", "mountpoint", "listen", "port", "host", "ssh_port", "python", "slots")
+_SITE_KEYS = ("nodes",)
+_LINK_KEYS = ("sites", "rtt_ms")
+
+
+class SpecError(GmountError, ValueError):
+    """The cluster spec is invalid; the message names the offending key and value."""
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One daemon: what it exports, where it mounts, and how to reach and start it."""
+
+    name: str
+    site: str
+    export: str
+    mountpoint: str
+    listen: str = "127.0.0.1"
+    port: int = 0
+    host: str | None = None
+    ssh_port: int = 22
+    python: str = "python3"
+    slots: int = 2
+
+
+@dataclass(frozen=True)
+class Link:
+    """A measured round-trip time between two sites; the overlay is built from these."""
+
+    sites: tuple[str, str]
+    rtt_ms: float
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Cache lifetimes and timeouts, shared by every node so they behave alike."""
+
+    attr_ttl: float = 1.0
+    negative_ttl: float = 1.0
+    rpc_timeout: float = 5.0
+    connect_timeout: float = 3.0
+    ready_timeout: float = 20.0
+
+
+# Tuning keys that may be 0 (a TTL of 0 disables caching); the rest must be > 0.
+_ZERO_OK_TUNING = ("attr_ttl", "negative_ttl")
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The whole validated cluster; shipped to every node so they all agree on it."""
+
+    name: str
+    launcher: str
+    nodes: dict[str, NodeSpec]
+    sites: dict[str, tuple[str, ...]]
+    links: tuple[Link, ...]
+    intra_site_rtt_ms: float = 0.15
+    tuning: Tuning = field(default_factory=Tuning)
+    source: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (str/int/float/bool/None/list/dict) so the spec can cross the wire."""
+        return {
+            "name": self.name,
+            "launcher": self.launcher,
+            "intra_site_rtt_ms": self.intra_site_rtt_ms,
+            "sites": {site: list(names) for site, names in self.sites.items()},
+            "nodes": {name: asdict(node) for name, node in self.nodes.items()},
+            "links": [{"sites": list(link.sites), "rtt_ms": link.rtt_ms} for link in self.links],
+            "tuning": asdict(self.tuning),
+            "source": self.source,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ClusterSpec:
+        """Inverse of to_dict; re-checks the invariants because the data came from outside."""
+        _expect_table(data, "spec")
+        _check_keys(data, ("name", "launcher", "intra_site_rtt_ms", "sites", "nodes", "links", "tuning", "source"), "spec dict", required=True)
+        sites_raw = _expect_table(data["sites"], "sites")
+        sites = {
+            _check_name(site, f"sites.{site}", what="site name"): tuple(
+                _check_name(node, f"sites.{site}", what="node name") for node in _expect_list(names, f"sites.{site}")
+            )
+            for site, names in sites_raw.items()
+        }
+        nodes: dict[str, NodeSpec] = {}
+        for name, raw in _expect_table(data["nodes"], "nodes").items():
+            raw = _expect_table(raw, f"nodes.{name}")
+            _check_keys(raw, tuple(f.name for f in fields(NodeSpec)), f"nodes.{name}", required=True)
+            for key in _NODE_KEYS:
+                if key == "host" and raw[key] is None:
+                    continue
+                _check_node_value(key, raw[key], f"nodes.{name}")
+            for key in ("export", "mountpoint"):
+                if not os.path.isabs(raw[key]):
+                    raise SpecError(f"nodes.{name}.{key}: must be an absolute path, got {raw[key]!r}")
+            nodes[name] = NodeSpec(**raw)
+        links = []
+        for i, raw in enumerate(_expect_list(data["links"], "links")):
+            raw = _expect_table(raw, f"links[{i}]")
+            _check_keys(raw, _LINK_KEYS, f"links[{i}]", required=True)
+            links.append(_parse_link_values(raw, i))
+        tuning_raw = _expect_table(data["tuning"], "tuning")
+        _check_keys(tuning_raw, tuple(f.name for f in fields(Tuning)), "tuning", required=True)
+        source = data["source"]
+        if source is not None and not isinstance(source, str):
+            raise SpecError(f"source: must be a string or None, got {source!r}")
+        spec = cls(
+            name=_check_name(data["name"], "name"),
+            launcher=_check_launcher(data["launcher"]),
+            nodes=nodes,
+            sites=sites,
+            links=tuple(links),
+            intra_site_rtt_ms=_number(data["intra_site_rtt_ms"], "intra_site_rtt_ms", zero_ok=False),
+            tuning=_parse_tuning(tuning_raw),
+            source=source,
+        )
+        _validate(spec)
+        return spec
+
+    def node(self, name: str) -> NodeSpec:
+        """Look a node up, listing the real names so a typo is obvious."""
+        try:
+            return self.nodes[name]
+        except KeyError:
+            raise SpecError(f"unknown node {name!r} (nodes: {', '.join(self.nodes)})") from None
+
+
+def load_spec(path: str | os.PathLike[str]) -> ClusterSpec:
+    """Read and validate a cluster TOML file; every error message starts with the file path."""
+    source = os.fspath(path)
+    with open(source, "rb") as f:
+        try:
+            data = tomllib.load(f)
+        except tomllib.TOMLDecodeError as e:
+            raise SpecError(f"{source}: invalid TOML: {e}") from e
+    base_dir = os.path.dirname(os.path.abspath(source))
+    return parse_spec(data, base_dir=base_dir, source=source)
+
+
+def parse_spec(data: dict[str, Any], base_dir: str | None = None, source: str | None = None) -> ClusterSpec:
+    """Validate already-parsed TOML data; relative paths resolve against base_dir (default: cwd)."""
+    try:
+        spec = _parse(data, base_dir if base_dir is not None else os.getcwd(), source)
+        _validate(spec)
+    except SpecError as e:
+        if source is None:
+            raise
+        raise SpecError(f"{source}: {e}") from e
+    return spec
+
+
+# --- parsing -----------------------------------------------------------------
+
+
+def _parse(data: dict[str, Any], base_dir: str, source: str | None) -> ClusterSpec:
+    _expect_table(data, "spec")
+    _check_keys(data, _TOP_KEYS, "top level")
+    if "name" not in data:
+        raise SpecError("missing required key 'name' at top level")
+    name = _check_name(data["name"], "name")
+    launcher = _check_launcher(data.get("launcher", "local"))
+    intra = _number(data.get("intra_site_rtt_ms", 0.15), "intra_site_rtt_ms", zero_ok=False)
+
+    sites = _parse_sites(data)
+    site_of = {node: site for site, names in sites.items() for node in names}
+
+    defaults = _expect_table(data.get("defaults", {}), "defaults")
+    _check_keys(defaults, _NODE_KEYS, "[defaults]")
+    for key, value in defaults.items():
+        _check_node_value(key, value, "defaults")
+
+    overrides = _expect_table(data.get("nodes", {}), "nodes")
+    for node_name, table in overrides.items():
+        if node_name not in site_of:
+            raise SpecError(f"nodes.{node_name}: node {node_name!r} is not listed in any site (sites: {', '.join(sites)})")
+        table = _expect_table(table, f"nodes.{node_name}")
+        _check_keys(table, _NODE_KEYS, f"[nodes.{node_name}]")
+        for key, value in table.items():
+            _check_node_value(key, value, f"nodes.{node_name}")
+
+    links = []
+    for i, raw in enumerate(_expect_list(data.get("links", []), "links")):
+        raw = _expect_table(raw, f"links[{i}]")
+        _check_keys(raw, _LINK_KEYS, f"links[{i}]")
+        for key in _LINK_KEYS:
+            if key not in raw:
+                raise SpecError(f"links[{i}]: missing required key {key!r}")
+        links.append(_parse_link_values(raw, i))
+
+    tuning_raw = _expect_table(data.get("tuning", {}), "tuning")
+    _check_keys(tuning_raw, tuple(f.name for f in fields(Tuning)), "[tuning]")
+    tuning = _parse_tuning(tuning_raw)
+
+    nodes: dict[str, NodeSpec] = {}
+    for site, names in sites.items():
+        for node_name in names:
+            nodes[node_name] = _build_node(node_name, site, name, defaults, overrides.get(node_name, {}), base_dir)
+
+    return ClusterSpec(
+        name=name,
+        launcher=launcher,
+        nodes=nodes,
+        sites=sites,
+        links=tuple(links),
+        intra_site_rtt_ms=intra,
+        tuning=tuning,
+        source=source,
+    )
+
+
+def _parse_sites(data: dict[str, Any]) -> dict[str, tuple[str, ...]]:
+    if "sites" not in data:
+        raise SpecError("missing required key 'sites' at top level (add a [sites.NAME] table with nodes = [...])")
+    raw_sites = _expect_table(data["sites"], "sites")
+    if not raw_sites:
+        raise SpecError("sites: at least one [sites.NAME] table is required")
+    sites: dict[str, tuple[str, ...]] = {}
+    seen: dict[str, str] = {}
+    for site, table in raw_sites.items():
+        _check_name(site, f"sites.{site}", what="site name")
+        table = _expect_table(table, f"sites.{site}")
+        _check_keys(table, _SITE_KEYS, f"[sites.{site}]")
+        names = _expect_list(table.get("nodes"), f"sites.{site}.nodes")
+        if not names:
+            raise SpecError(f"sites.{site}.nodes: must list at least one node, got []")
+        for node in names:
+            _check_name(node, f"sites.{site}.nodes", what="node name")
+            if node in seen:
+                raise SpecError(f"sites.{site}.nodes: node {node!r} is already in site {seen[node]!r}")
+            seen[node] = site
+        sites[site] = tuple(names)
+    return sites
+
+
+def _parse_link_values(raw: dict[str, Any], i: int) -> Link:
+    pair = raw["sites"]
+    if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(s, str) for s in pair):
+        raise SpecError(f"links[{i}].sites: must be a list of exactly two site names, got {pair!r}")
+    return Link(sites=(pair[0], pair[1]), rtt_ms=_number(raw["rtt_ms"], f"links[{i}].rtt_ms", zero_ok=False))
+
+
+def _parse_tuning(raw: dict[str, Any]) -> Tuning:
+    values = {key: _number(value, f"tuning.{key}", zero_ok=key in _ZERO_OK_TUNING) for key, value in raw.items()}
+    return Tuning(**values)
+
+
+def _build_node(
+    node: str, site: str, cluster: str, defaults: dict[str, Any], override: dict[str, Any], base_dir: str
+) -> NodeSpec:
+    """Merge defaults and the node's overrides, then expand placeholders and resolve paths."""
+    values: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for where, table in (("defaults", defaults), (f"nodes.{node}", override)):
+        for key, value in table.items():
+            values[key] = value
+            origin[key] = where
+    for key in ("export", "mountpoint"):
+        if key not in values:
+            raise SpecError(f"node {node!r}: no {key} (set {key} in [defaults] or [nodes.{node}])")
+        mapping = {"node": node, "site": site, "cluster": cluster}
+        expanded = _expand(values[key], mapping, f"{origin[key]}.{key}")
+        expanded = os.path.expanduser(expanded)
+        values[key] = os.path.normpath(os.path.join(base_dir, expanded))
+    return NodeSpec(name=node, site=site, **values)
+
+
+def _expand(value: str, mapping: dict[str, str], where: str) -> str:
+    def replace(match: re.Match[str]) -> str:
+        key = match.group(1)
+        if key not in mapping:
+            known = ", ".join("{" + k + "}" for k in _PLACEHOLDERS)
+            raise SpecError(f"{where}: unknown placeholder {match.group(0)!r} in {value!r} (known: {known})")
+        return mapping[key]
+
+    return _PLACEHOLDER_RE.sub(replace, value)
+
+
+# --- cross-checks on the built spec -------------------------------------------
+
+
+def _validate(spec: ClusterSpec) -> None:
+    """Checks that span several entries: links, connectivity, and paths/ports shared on one host."""
+    _validate_membership(spec)
+    _validate_links(spec)
+    for node in spec.nodes.values():
+        _validate_own_paths(node)
+    _validate_shared_host(spec)
+
+
+def _validate_membership(spec: ClusterSpec) -> None:
+    if not spec.sites:
+        raise SpecError("sites: at least one site is required")
+    listed = [(node, site) for site, names in spec.sites.items() for node in names]
+    for node, site in listed:
+        if node not in spec.nodes:
+            raise SpecError(f"sites.{site}.nodes: node {node!r} has no node entry")
+        if spec.nodes[node].site != site:
+            raise SpecError(f"node {node!r}: site is {spec.nodes[node].site!r} but it is listed in site {site!r}")
+    if len(listed) != len(spec.nodes):
+        extra = sorted(set(spec.nodes) - {node for node, _ in listed})
+        raise SpecError(f"nodes.{extra[0] if extra else '?'}: node is not listed in any site")
+    for name, node in spec.nodes.items():
+        if node.name != name:
+            raise SpecError(f"nodes.{name}: name field is {node.name!r}")
+
+
+def _validate_links(spec: ClusterSpec) -> None:
+    graph = nx.Graph()
+    graph.add_nodes_from(spec.sites)
+    seen: dict[frozenset[str], int] = {}
+    for i, link in enumerate(spec.links):
+        a, b = link.sites
+        for site in (a, b):
+            if site not in spec.sites:
+                raise SpecError(f"links[{i}].sites: unknown site {site!r} (sites: {', '.join(spec.sites)})")
+        if a == b:
+            raise SpecError(f"links[{i}].sites: a link needs two distinct sites, got {a!r} twice")
+        if link.rtt_ms <= 0:
+            raise SpecError(f"links[{i}].rtt_ms: must be > 0, got {link.rtt_ms!r}")
+        pair = frozenset((a, b))
+        if pair in seen:
+            raise SpecError(f"links[{i}].sites: duplicate link between {a!r} and {b!r} (already in links[{seen[pair]}])")
+        seen[pair] = i
+        graph.add_edge(a, b, rtt_ms=link.rtt_ms)
+    first = next(iter(spec.sites))
+    reachable = nx.node_connected_component(graph, first)
+    for site in spec.sites:
+        if site not in reachable:
+            raise SpecError(
+                f"sites {first!r} and {site!r} are not connected by any [[links]] path: add a [[links]] entry with rtt_ms"
+            )
+
+
+def _validate_own_paths(node: NodeSpec) -> None:
+    if node.export == node.mountpoint:
+        raise SpecError(f"node {node.name!r}: export and mountpoint are the same path {node.export!r}")
+    if _is_inside(node.mountpoint, node.export):
+        raise SpecError(f"node {node.name!r}: mountpoint {node.mountpoint!r} is inside export {node.export!r}")
+    if _is_inside(node.export, node.mountpoint):
+        raise SpecError(f"node {node.name!r}: export {node.export!r} is inside mountpoint {node.mountpoint!r}")
+
+
+def _validate_shared_host(spec: ClusterSpec) -> None:
+    """Nodes on one machine must not share or nest directories, nor bind the same fixed port."""
+    by_host: dict[str | None, list[tuple[int, NodeSpec]]] = {}
+    for index, node in enumerate(spec.nodes.values()):
+        by_host.setdefault(_host_key(node.host), []).append((index, node))
+    for host, members in by_host.items():
+        where = "this machine" if host is None else f"host {host!r}"
+        # Sorting by path components puts every directory right before everything inside it,
+        # so comparing neighbours finds any shared or nested pair without an O(n^2) scan.
+        entries = sorted(
+            (tuple(p for p in path.split("/") if p), index, kind, node)
+            for index, node in members
+            for kind, path in (("export", node.export), ("mountpoint", node.mountpoint))
+        )
+        for (parts_a, _, kind_a, a), (parts_b, _, kind_b, b) in zip(entries, entries[1:]):
+            path_a = getattr(a, kind_a)
+            path_b = getattr(b, kind_b)
+            if parts_a == parts_b:
+                raise SpecError(
+                    f"node {b.name!r}: {kind_b} {path_b!r} is already the {kind_a} of node {a.name!r} on {where}"
+                )
+            if parts_b[: len(parts_a)] == parts_a:
+                raise SpecError(
+                    f"node {b.name!r}: {kind_b} {path_b!r} is inside {kind_a} {path_a!r} of node {a.name!r} on {where}"
+                )
+        bound: dict[tuple[str, int], NodeSpec] = {}
+        for _, node in members:
+            if node.port == 0:
+                continue
+            key = (node.listen, node.port)
+            if key in bound:
+                raise SpecError(
+                    f"node {node.name!r}: port {node.port} on {node.listen} is already used by node "
+                    f"{bound[key].name!r} on {where}"
+                )
+            bound[key] = node
+
+
+def _host_key(host: str | None) -> str | None:
+    """The machine a node runs on; 'user@h' and 'h' are the same machine."""
+    if host is None:
+        return None
+    return host.rpartition("@")[2]
+
+
+def _is_inside(inner: str, outer: str) -> bool:
+    return inner != outer and os.path.commonpath([inner, outer]) == outer
+
+
+# --- small value checkers -----------------------------------------------------
+
+
+def _check_keys(table: dict[str, Any], allowed: tuple[str, ...], where: str, required: bool = False) -> None:
+    for key in table:
+        if key not in allowed:
+            raise SpecError(f"unknown key {key!r} in {where} (allowed: {', '.join(allowed)})")
+    if required:
+        for key in allowed:
+            if key not in table:
+                raise SpecError(f"missing key {key!r} in {where}")
+
+
+def _check_node_value(key: str, value: Any, where: str) -> None:
+    """Type- and range-check one per-node key, as written in [defaults] or [nodes.X]."""
+    name = f"{where}.{key}"
+    if key in ("export", "mountpoint", "python", "host"):
+        if not isinstance(value, str) or not value:
+            raise SpecError(f"{name}: must be a non-empty string, got {value!r}")
+    elif key == "listen":
+        if not isinstance(value, str):
+            raise SpecError(f"{name}: must be an IP address string, got {value!r}")
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise SpecError(f"{name}: not an IP address: {value!r}") from None
+    elif key == "port":
+        _integer(value, name, 0, 65535)
+    elif key == "ssh_port":
+        _integer(value, name, 1, 65535)
+    elif key == "slots":
+        _integer(value, name, 1, None)
+
+
+def _integer(value: Any, name: str, low: int, high: int | None) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise SpecError(f"{name}: must be an integer, got {value!r}")
+    if value < low or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"in {low}..{high}"
+        raise SpecError(f"{name}: must be {bounds}, got {value!r}")
+    return value
+
+
+def _number(value: Any, name: str, zero_ok: bool) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise SpecError(f"{name}: must be a number, got {value!r}")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise SpecError(f"{name}: must be a finite number, got {value!r}")
+    if value < 0 or (value == 0 and not zero_ok):
+        raise SpecError(f"{name}: must be {'>= 0' if zero_ok else '> 0'}, got {value!r}")
+    return float(value)
+
+
+def _check_name(value: Any, name: str, what: str = "name") -> str:
+    if not isinstance(value, str) or not _NAME_RE.fullmatch(value) or value in (".", ".."):
+        raise SpecError(f"{name}: invalid {what} {value!r} (use letters, digits, '_', '.', '-')")
+    return value
+
+
+def _check_launcher(value: Any) -> str:
+    if value not in LAUNCHERS:
+        raise SpecError(f"launcher: must be one of {', '.join(map(repr, LAUNCHERS))}, got {value!r}")
+    return value
+
+
+def _expect_table(value: Any, name: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise SpecError(f"{name}: must be a table, got {value!r}")
+    return value
+
+
+def _expect_list(value: Any, name: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise SpecError(f"{name}: must be a list, got {value!r}")
+    return value

@@ -1,0 +1,143 @@
+"""The embedded default: every node a local process on this machine.
+
+Each daemon is its own session (it survives the shell that ran `gmount up`),
+with its own export, mountpoint and port on the loopback address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from ..config import NodeSpec
+from ..errors import GmountError
+from .orchestrate import pid_is_daemon
+from ..state import ClusterState, NodeRecord
+
+
+class LocalProcess:
+    """A daemon started as a child; its pipes are read in worker threads."""
+
+    def __init__(self, node: str, process: subprocess.Popen[bytes]) -> None:
+        self.node = node
+        self._process = process
+
+    async def write_line(self, text: str) -> None:
+        assert self._process.stdin is not None
+        stdin = self._process.stdin
+
+        def write() -> None:
+            stdin.write(text.encode() + b"\n")
+            stdin.flush()
+
+        await asyncio.to_thread(write)
+
+    async def read_line(self) -> str:
+        assert self._process.stdout is not None
+        return (await asyncio.to_thread(self._process.stdout.readline)).decode(errors="replace")
+
+    async def error_output(self) -> str:
+        assert self._process.stderr is not None
+        stderr = self._process.stderr
+        os.set_blocking(stderr.fileno(), False)
+        try:
+            return (stderr.read(64 * 1024) or b"").decode(errors="replace")
+        except OSError:
+            return ""
+
+    async def abort(self, pid: int | None) -> None:
+        """Stop a daemon that did not finish starting (it unmounts on SIGTERM)."""
+        if pid is not None:
+            await asyncio.to_thread(terminate_pid, pid, 10.0)
+        await self.release()
+
+    async def release(self) -> None:
+        """Drop our ends of the pipes; the daemon itself runs on in its own session."""
+        try:
+            await asyncio.to_thread(self._process.wait, 10)  # the child exits right after forking
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        for stream in (self._process.stdin, self._process.stdout, self._process.stderr):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+
+
+async def spawn_local(node: NodeSpec) -> LocalProcess:
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gmountpy.node"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True, close_fds=True,
+        )
+    except OSError as exc:
+        raise GmountError(f"cannot start {sys.executable}: {exc}") from None
+    return LocalProcess(node.name, process)
+
+
+def terminate_pid(pid: int, timeout: float) -> bool:
+    """SIGTERM a daemon of ours and wait; SIGKILL if it lingers. True if it needed force."""
+    if not pid_is_daemon(pid):
+        return False
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not pid_is_daemon(pid):
+            return False
+        time.sleep(0.05)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return True
+
+
+def stop_local(state: ClusterState, timeout: float = 15.0) -> dict[str, str]:
+    """SIGTERM every daemon, wait, then make sure nothing stays mounted.
+
+    Returns node -> problem for nodes that needed force; exports are never touched.
+    """
+    problems: dict[str, str] = {}
+    waiting: dict[str, NodeRecord] = {}
+    for name, record in state.nodes.items():
+        if pid_is_daemon(record.pid):
+            try:
+                os.kill(record.pid, signal.SIGTERM)
+                waiting[name] = record
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + timeout
+    while waiting and time.monotonic() < deadline:
+        for name in [n for n, r in waiting.items() if not pid_is_daemon(r.pid)]:
+            del waiting[name]
+        time.sleep(0.05)
+    for name, record in waiting.items():
+        problems[name] = f"daemon pid {record.pid} ignored SIGTERM for {timeout:g}s; killed"
+        try:
+            os.kill(record.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for name, record in state.nodes.items():
+        if _is_mounted(record.mountpoint):
+            result = subprocess.run(["fusermount3", "-u", "-z", record.mountpoint], capture_output=True, text=True)
+            if result.returncode != 0:
+                problems[name] = f"could not unmount {record.mountpoint}: {result.stderr.strip()}"
+    return problems
+
+
+def _is_mounted(path: str) -> bool:
+    try:
+        with open("/proc/self/mounts") as f:
+            return any(line.split(" ")[1] == path for line in f)
+    except OSError:
+        return os.path.ismount(path)

@@ -1,0 +1,169 @@
+"""Bringing a cluster up and down, independent of how daemons are started.
+
+A launcher backend only knows how to start one daemon process and talk to
+its stdin/stdout (a local subprocess, or an SSH channel). The sequence is
+the same for all: start every daemon, hand each its configuration, collect
+the addresses they listen on, send everyone the peer table, wait until
+every mount is ready. If any node fails, the ones already started are
+stopped again, so no half-up cluster is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..config import ClusterSpec, NodeSpec
+from ..errors import GmountError
+from ..node.daemon import LINE_PREFIX, default_log_path
+from ..state import ClusterState, NodeRecord
+
+
+class DaemonProcess(Protocol):
+    """A daemon being started: its pipes until READY, and a way to stop it."""
+
+    node: str
+
+    async def write_line(self, text: str) -> None: ...
+    async def read_line(self) -> str: ...
+    async def error_output(self) -> str: ...
+    async def abort(self, pid: int | None) -> None: ...
+    async def release(self) -> None: ...
+
+
+Spawn = Callable[[NodeSpec], Awaitable[DaemonProcess]]
+Progress = Callable[[str, str], None]
+
+
+class LaunchError(GmountError):
+    """Some nodes failed to start; `failures` maps node -> one line saying what and what to do."""
+
+    def __init__(self, failures: dict[str, str]) -> None:
+        self.failures = failures
+        lines = "\n".join(f"  {node}: {why}" for node, why in failures.items())
+        super().__init__(f"{len(failures)} node(s) failed to start:\n{lines}")
+
+
+@dataclass
+class _Started:
+    spec: NodeSpec
+    process: DaemonProcess
+    pid: int = 0
+    host: str = ""
+    port: int = 0
+
+
+async def _expect(process: DaemonProcess, kind: str, timeout: float) -> dict[str, object]:
+    """Wait for `GMOUNT <kind> {json}` from a daemon; its ERROR line or silence becomes GmountError."""
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise GmountError(f"no {kind} line within {timeout:g}s: see the node's log, "
+                              "or raise tuning.ready_timeout")
+        try:
+            line = await asyncio.wait_for(process.read_line(), remaining)
+        except asyncio.TimeoutError:
+            raise GmountError(f"no {kind} line within {timeout:g}s: see the node's log, "
+                              "or raise tuning.ready_timeout") from None
+        if not line:
+            detail = (await process.error_output()).strip().splitlines()
+            raise GmountError("daemon exited before " + kind + (f": {detail[-1]}" if detail else ""))
+        if not line.startswith(LINE_PREFIX + " "):
+            continue  # e.g. a login banner or warning printed by the shell
+        _, got, payload = (line.rstrip("\n").split(" ", 2) + [""])[:3]
+        if got == "ERROR":
+            raise GmountError(payload)
+        if got == kind:
+            return json.loads(payload)
+
+
+async def start_cluster(
+    spec: ClusterSpec,
+    spawn: Spawn,
+    secret: bytes,
+    *,
+    progress: Progress | None = None,
+    peer_host: Callable[[NodeSpec, str], str] | None = None,
+    concurrency: int = 32,
+) -> ClusterState:
+    """Start one daemon per node and return the running cluster's state."""
+    say = progress or (lambda node, what: None)
+    timeout = spec.tuning.ready_timeout
+    limit = asyncio.Semaphore(concurrency)
+    started: dict[str, _Started] = {}
+    failures: dict[str, str] = {}
+
+    async def bring_up(node: NodeSpec) -> None:
+        async with limit:
+            say(node.name, "starting")
+            try:
+                process = await spawn(node)
+            except GmountError as exc:
+                failures[node.name] = str(exc)
+                say(node.name, "failed")
+                return
+            entry = started[node.name] = _Started(node, process)
+            try:
+                await process.write_line(json.dumps({
+                    "node": node.name, "spec": spec.to_dict(), "secret": secret.hex(),
+                    "log": default_log_path(spec.name, node.name) if node.host is None else None,
+                }))
+                entry.pid = int(str((await _expect(process, "STARTED", timeout))["pid"]))
+                listening = await _expect(process, "LISTENING", timeout)
+                entry.host, entry.port = str(listening["host"]), int(str(listening["port"]))
+                say(node.name, "listening")
+            except (GmountError, OSError, ValueError, KeyError) as exc:
+                failures[node.name] = str(exc)
+                say(node.name, "failed")
+
+    await asyncio.gather(*(bring_up(node) for node in spec.nodes.values()))
+    if failures:
+        await _abort_all(started.values())
+        raise LaunchError(failures)
+
+    addresses = {name: [peer_host(e.spec, e.host) if peer_host else e.host, e.port] for name, e in started.items()}
+    peers_line = json.dumps({"peers": addresses})
+
+    async def finish(entry: _Started) -> None:
+        try:
+            await entry.process.write_line(peers_line)
+            await _expect(entry.process, "READY", timeout)
+            say(entry.spec.name, "ready")
+        except (GmountError, OSError, ValueError) as exc:
+            failures[entry.spec.name] = str(exc)
+            say(entry.spec.name, "failed")
+
+    await asyncio.gather(*(finish(e) for e in started.values()))
+    if failures:
+        await _abort_all(started.values())
+        raise LaunchError(failures)
+    for entry in started.values():
+        await entry.process.release()
+
+    records = {
+        name: NodeRecord(name=name, site=e.spec.site, pid=e.pid, host=addresses[name][0], port=e.port,  # type: ignore[arg-type]
+                         mountpoint=e.spec.mountpoint, export=e.spec.export,
+                         log=default_log_path(spec.name, name), ssh=e.spec.host)
+        for name, e in started.items()
+    }
+    return ClusterState(spec, records, time.time())
+
+
+async def _abort_all(entries: Iterable[_Started]) -> None:
+    await asyncio.gather(*(e.process.abort(e.pid or None) for e in entries), return_exceptions=True)
+
+
+def pid_is_daemon(pid: int) -> bool:
+    """True if `pid` is a gmount node daemon of this user (guards against reused pids)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read().split(b"\0")
+        return b"gmountpy.node" in cmdline and os.stat(f"/proc/{pid}").st_uid == os.getuid()
+    except OSError:
+        return False

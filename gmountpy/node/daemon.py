@@ -1,0 +1,234 @@
+"""One node daemon: RPC server + export + locator + FUSE mount, in one trio process.
+
+Started by a launcher (local subprocess or over SSH). It talks to the
+launcher through a line protocol on stdin/stdout, so that the secret never
+appears in argv or the environment:
+
+    launcher -> daemon   {"node": .., "spec": {..}, "secret": "<hex>", "log": ".."}
+    daemon -> launcher   GMOUNT STARTED {"pid": ..}     (after forking into its own session)
+    daemon -> launcher   GMOUNT LISTENING {"pid": .., "host": .., "port": ..}
+    launcher -> daemon   {"peers": {"n2": ["127.0.0.1", 40123], ...}}
+    daemon -> launcher   GMOUNT READY {"pid": .., "mountpoint": ..}
+    (any time)           GMOUNT ERROR <what went wrong and what to do>
+
+After READY the daemon closes stdin/stdout and logs to its file only. It
+unmounts and exits on SIGTERM or SIGINT (or the `shutdown` RPC).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from typing import Any, TextIO
+
+import pyfuse3
+import trio
+
+from .. import rpc
+from .._version import __version__
+from ..config import ClusterSpec
+from ..errors import GmountError
+from ..overlay import Overlay
+from .export import Export
+from .fuse import GmountOperations
+from .locator import FloodLocator
+from .namespace import Namespace
+from .peers import PeerAddress, PeerPool
+from .service import NodeService
+
+log = logging.getLogger("gmountpy.node")
+
+LINE_PREFIX = "GMOUNT"
+
+
+def default_log_path(cluster: str, node: str) -> str:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return os.path.join(base, "gmountpy", "logs", f"{cluster}-{node}.log")
+
+
+def _say(out: TextIO, kind: str, payload: Any) -> None:
+    text = payload if isinstance(payload, str) else json.dumps(payload)
+    out.write(f"{LINE_PREFIX} {kind} {text}\n")
+    out.flush()
+
+
+def _setup_logging(path: str) -> None:
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.fchmod(fd, 0o600)
+    handler = logging.StreamHandler(os.fdopen(fd, "a", buffering=1))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+
+
+def _prepare_dirs(export: str, mountpoint: str) -> None:
+    os.makedirs(export, exist_ok=True)
+    if os.path.ismount(mountpoint):
+        raise GmountError(f"mountpoint {mountpoint} is already mounted: run `gmount down` "
+                          f"for the cluster using it, or `fusermount3 -u {mountpoint}`")
+    try:
+        os.makedirs(mountpoint, exist_ok=True)
+    except OSError as exc:
+        if exc.errno == errno.ENOTCONN:  # a dead FUSE mount left behind
+            raise GmountError(f"mountpoint {mountpoint} is a stale mount: run `fusermount3 -u -z {mountpoint}`") from None
+        raise
+    if os.listdir(mountpoint):
+        raise GmountError(f"mountpoint {mountpoint} is not empty: choose an empty directory")
+
+
+class NodeDaemon:
+    def __init__(self, spec: ClusterSpec, me: str, secret: bytes) -> None:
+        self.spec = spec
+        self.me = me
+        self.node = spec.node(me)
+        self.secret = secret
+        self.overlay = Overlay(spec)
+        self.export = Export(self.node.export)
+
+    def _where(self, namespace: Namespace) -> Any:
+        async def where(path: str) -> list[dict[str, Any]]:
+            holders = await namespace.where(path)
+            return [{
+                "node": loc.node,
+                "site": self.overlay.site_of(loc.node),
+                "size": loc.attr.size,
+                "mtime_ns": loc.attr.mtime_ns,
+                "mode": loc.attr.mode,
+                "export_path": os.path.join(self.spec.node(loc.node).export, path.lstrip("/")),
+                "rtt_ms": self.overlay.rtt(self.me, loc.node),
+            } for loc in holders]
+        return where
+
+    async def run(self, sock: socket.socket, peers: dict[str, PeerAddress], out: TextIO) -> None:
+        shutdown = trio.Event()
+
+        async def stop() -> None:
+            shutdown.set()
+
+        async def stats() -> dict[str, Any]:
+            s = locator.statistics()
+            return {"node": self.me, "pid": os.getpid(), "inodes": len(ops.inodes),
+                    "open_files": len(ops._files), "cache_hits": s.hits, "cache_misses": s.misses,
+                    "negative_hits": s.negative_hits, "remote_queries": s.remote_queries}
+
+        info = {"node": self.me, "site": self.node.site, "cluster": self.spec.name, "version": __version__,
+                "mountpoint": self.node.mountpoint, "export": self.node.export}
+        extra: dict[str, Any] = {"shutdown": stop, "stats": stats}
+        service = NodeService(self.export, info, extra)
+        tuning = self.spec.tuning
+        async with trio.open_nursery() as nursery:
+            pool = PeerPool(self.me, service, self.secret, nursery, rpc_timeout=tuning.rpc_timeout,
+                            connect_timeout=tuning.connect_timeout)
+            pool.set_peers(peers)
+            locator = FloodLocator(pool, self.overlay.lookup_tiers(self.me), ttl=tuning.attr_ttl,
+                                   negative_ttl=tuning.negative_ttl)
+            namespace = Namespace(self.me, {n: s.site for n, s in self.spec.nodes.items()}, self.export,
+                                  pool, locator)
+            extra["where"] = self._where(namespace)
+            ops = GmountOperations(namespace, tuning.attr_ttl)
+
+            listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+
+            async def handler(stream: trio.SocketStream) -> None:
+                await rpc.handle_connection(stream, service.dispatch, secret=self.secret, name=self.me)
+
+            nursery.start_soon(trio.serve_listeners, handler, [listener])
+
+            options = set(pyfuse3.default_options)
+            options.add(f"fsname=gmount-{self.spec.name}-{self.me}")
+            options.add("subtype=gmount")
+            pyfuse3.init(ops, self.node.mountpoint, options)
+            try:
+                log.info("node %s mounted %s (export %s)", self.me, self.node.mountpoint, self.node.export)
+                _say(out, "READY", {"pid": os.getpid(), "mountpoint": self.node.mountpoint})
+                _detach_stdio()
+
+                async def watch_signals() -> None:
+                    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                        async for signum in signals:
+                            log.info("received signal %d, unmounting", signum)
+                            shutdown.set()
+
+                async def stop_when_asked() -> None:
+                    await shutdown.wait()
+                    pyfuse3.terminate()
+
+                nursery.start_soon(watch_signals)
+                nursery.start_soon(stop_when_asked)
+                await pyfuse3.main()
+            finally:
+                with trio.CancelScope(shield=True):
+                    pyfuse3.close(unmount=True)
+                    log.info("node %s unmounted %s", self.me, self.node.mountpoint)
+                nursery.cancel_scope.cancel()
+            await pool.aclose()
+
+
+def _detach_stdio() -> None:
+    """After READY the launcher (or SSH session) may go away: stop using its pipes."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def _daemonize() -> None:
+    """Fork into a new session so the daemon outlives its launcher and SSH session.
+
+    The launcher's child exits at once; the pipes stay with the daemon until READY.
+    """
+    if os.fork() > 0:
+        os._exit(0)
+    os.setsid()
+
+
+def main() -> int:
+    out = sys.stdout
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # outlive the SSH session or terminal
+    try:
+        config = json.loads(sys.stdin.readline() or "null")
+        if not isinstance(config, dict):
+            raise GmountError("no configuration line on stdin: the daemon is started by `gmount up`")
+        spec = ClusterSpec.from_dict(config["spec"])
+        me = config["node"]
+        node = spec.node(me)
+        secret = bytes.fromhex(config["secret"])
+        _setup_logging(config.get("log") or default_log_path(spec.name, me))
+        _daemonize()
+        _say(out, "STARTED", {"pid": os.getpid()})
+        _prepare_dirs(node.export, node.mountpoint)
+        if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+            raise GmountError("/dev/fuse is not usable by this user: FUSE is needed on every node")
+        try:
+            sock = socket.create_server((node.listen, node.port))
+        except OSError as exc:
+            raise GmountError(f"cannot listen on {node.listen}:{node.port}: {exc.strerror}; "
+                              "choose another port in the cluster file") from None
+        host, port = sock.getsockname()[:2]
+        _say(out, "LISTENING", {"pid": os.getpid(), "host": host, "port": port})
+        message = json.loads(sys.stdin.readline() or "null")
+        if not isinstance(message, dict) or "peers" not in message:
+            raise GmountError("launcher went away before sending the peer table")
+        peers = {name: PeerAddress(h, int(p)) for name, (h, p) in message["peers"].items()}
+        daemon = NodeDaemon(spec, me, secret)
+    except (GmountError, OSError, ValueError, KeyError) as exc:
+        log.error("startup failed: %s", exc)
+        _say(out, "ERROR", str(exc) or type(exc).__name__)
+        return 1
+    try:
+        trio.run(daemon.run, sock, peers, out)
+    except Exception as exc:
+        log.exception("node %s failed", me)
+        try:
+            _say(out, "ERROR", f"node {me} failed: {exc}")
+        except (OSError, ValueError):
+            pass
+        return 1
+    return 0

@@ -1,0 +1,199 @@
+"""Where is a path? GMount's locality-aware lookup, behind a narrow seam.
+
+The `Locator` protocol is all the rest of the node knows about finding
+files: find the nearest holder, find all holders, and be told of local
+creates, removals and renames. `FloodLocator` implements GMount's search:
+ask this node, then the nodes of its site in parallel, then each other site
+nearest first; the first tier with a positive reply wins, and the reply
+carries the attributes (location piggybacking). A later locator can replace
+the flooding with per-directory indexes without touching the FUSE layer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Protocol
+
+import trio
+
+from ..errors import PeerUnavailable
+from .export import Attr
+from .peers import PeerPool
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """A node that holds a path, with the path's attributes on that node."""
+
+    node: str
+    attr: Attr
+
+
+class Locator(Protocol):
+    async def find(self, path: str) -> Location | None: ...
+    async def find_all(self, path: str) -> list[Location]: ...
+    def learn(self, path: str, location: Location) -> None: ...
+    def note_created(self, path: str, location: Location) -> None: ...
+    def note_removed(self, path: str) -> None: ...
+    def note_renamed(self, src: str, dst: str, is_dir: bool) -> None: ...
+    def invalidate(self, path: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class LocatorStatistics:
+    hits: int
+    negative_hits: int
+    misses: int
+    remote_queries: int
+    cached: int
+
+
+class FloodLocator:
+    def __init__(
+        self,
+        peers: PeerPool,
+        tiers: list[tuple[str, ...]],
+        *,
+        ttl: float = 1.0,
+        negative_ttl: float = 1.0,
+        max_entries: int = 200_000,
+    ) -> None:
+        self._peers = peers
+        self.tiers = tiers
+        self.order = [node for tier in tiers for node in tier]
+        self._rank = {node: i for i, node in enumerate(self.order)}
+        self.ttl = ttl
+        self.negative_ttl = negative_ttl
+        self._max = max_entries
+        self._positive: OrderedDict[str, tuple[Location, float]] = OrderedDict()
+        self._negative: OrderedDict[str, float] = OrderedDict()
+        self._inflight: dict[str, _Flight] = {}
+        self._hits = self._negative_hits = self._misses = self._remote = 0
+
+    # -- the search ----------------------------------------------------------
+
+    async def find(self, path: str) -> Location | None:
+        now = trio.current_time()
+        cached = self._positive.get(path)
+        if cached is not None and cached[1] > now:
+            self._hits += 1
+            return cached[0]
+        expires = self._negative.get(path)
+        if expires is not None and expires > now:
+            self._negative_hits += 1
+            return None
+        flight = self._inflight.get(path)
+        if flight is not None:  # someone is already searching: share the answer
+            await flight.done.wait()
+            return flight.result
+        self._misses += 1
+        flight = self._inflight[path] = _Flight()
+        try:
+            flight.result = await self._search(path)
+        finally:
+            del self._inflight[path]
+            flight.done.set()
+        if flight.result is None:
+            self._remember_negative(path)
+        else:
+            self.learn(path, flight.result)
+        return flight.result
+
+    async def _search(self, path: str) -> Location | None:
+        for tier in self.tiers:
+            replies = await self._ask(tier, path)
+            for node in tier:
+                attr = replies.get(node)
+                if attr is not None:
+                    return Location(node, attr)
+        return None
+
+    async def find_all(self, path: str) -> list[Location]:
+        """Every holder, nearest first (asks all nodes; for `where`, not hot paths)."""
+        replies = await self._ask(tuple(self.order), path)
+        found = [Location(node, replies[node]) for node in self.order if replies.get(node) is not None]
+        if found:
+            self.learn(path, found[0])
+        else:
+            self._remember_negative(path)
+        return found
+
+    async def _ask(self, nodes: tuple[str, ...], path: str) -> dict[str, Attr | None]:
+        """Ask nodes in parallel whether they hold `path`; unreachable nodes count as 'no'."""
+        replies: dict[str, Attr | None] = {}
+
+        async def ask(node: str) -> None:
+            if node != self._peers.me:
+                self._remote += 1
+            try:
+                value = await self._peers.call(node, "lookup", path)
+            except PeerUnavailable:
+                return
+            except OSError as exc:
+                log.debug("lookup of %s on %s failed: %s", path, node, exc)
+                return
+            replies[node] = None if value is None else Attr.from_wire(value)
+
+        if len(nodes) == 1:
+            await ask(nodes[0])
+        else:
+            async with trio.open_nursery() as nursery:
+                for node in nodes:
+                    if not self._peers.is_down(node):
+                        nursery.start_soon(ask, node)
+        return replies
+
+    # -- being told --------------------------------------------------------
+
+    def rank(self, node: str) -> int:
+        return self._rank.get(node, len(self._rank))
+
+    def learn(self, path: str, location: Location) -> None:
+        self._negative.pop(path, None)
+        self._positive[path] = (location, trio.current_time() + self.ttl)
+        self._positive.move_to_end(path)
+        if len(self._positive) > self._max:
+            self._positive.popitem(last=False)
+
+    def note_created(self, path: str, location: Location) -> None:
+        self.learn(path, location)
+
+    def note_removed(self, path: str) -> None:
+        self._positive.pop(path, None)
+        self._remember_negative(path)
+
+    def note_renamed(self, src: str, dst: str, is_dir: bool) -> None:
+        """Forget both names; for a directory also everything below them (children moved)."""
+        for cache in (self._positive, self._negative):
+            cache.pop(src, None)
+            cache.pop(dst, None)
+            if is_dir:
+                prefixes = (src + "/", dst + "/")
+                for key in [k for k in cache if k.startswith(prefixes)]:
+                    del cache[key]
+
+    def invalidate(self, path: str) -> None:
+        self._positive.pop(path, None)
+        self._negative.pop(path, None)
+
+    def _remember_negative(self, path: str) -> None:
+        if self.negative_ttl <= 0:
+            return
+        self._negative[path] = trio.current_time() + self.negative_ttl
+        self._negative.move_to_end(path)
+        if len(self._negative) > self._max:
+            self._negative.popitem(last=False)
+
+    def statistics(self) -> LocatorStatistics:
+        return LocatorStatistics(self._hits, self._negative_hits, self._misses, self._remote,
+                                 len(self._positive))
+
+
+class _Flight:
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.result: Location | None = None

@@ -1,0 +1,330 @@
+"""The union namespace, by path: what every file operation means across nodes.
+
+This is where DESIGN.md's semantics live, so that the FUSE layer only maps
+inodes to paths. In short:
+
+- a path resolves to its nearest holder (the locator decides);
+- a directory lists the merge of that directory on every reachable node;
+- creates (file, directory, symlink) happen on this node, parents made here;
+- unlink removes the file from every node that holds it, so it is gone;
+- chmod/truncate/utimens/xattrs act on the nearest holder (the file you see);
+- rename of a file or symlink is its holder's rename(2) (atomic on that node);
+  other holders of the source or destination are then removed from, so the
+  destination shows the renamed file. A directory is renamed on every node
+  that has it; if the destination directory exists on a node that lacks the
+  source the rename fails with EXDEV (`mv` then copies).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from ..errors import PeerUnavailable
+from .export import Attr, Export
+from .locator import FloodLocator, Location
+from .peers import PeerPool
+from .service import MAX_IO
+
+XATTR_PREFIX = "user.gmount."
+VIRTUAL_XATTRS = ("user.gmount.node", "user.gmount.site", "user.gmount.where", "user.gmount.local_path")
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+
+
+@dataclass
+class FileHandle:
+    """An open file, bound at open time to one holder (close-to-open)."""
+
+    path: str
+    node: str
+    attr: Attr
+    fd: int | None = None        # when the holder is this node
+    remote: int | None = None    # the holder's handle id otherwise
+    wrote: bool = False
+
+
+def _enoent(path: str) -> OSError:
+    return FileNotFoundError(errno.ENOENT, f"no node holds {path}")
+
+
+def join(parent: str, name: str) -> str:
+    return "/" + name if parent == "/" else f"{parent}/{name}"
+
+
+class Namespace:
+    def __init__(self, me: str, sites: dict[str, str], export: Export, peers: PeerPool,
+                 locator: FloodLocator) -> None:
+        self.me = me
+        self.site_of = sites
+        self.export = export
+        self.peers = peers
+        self.locator = locator
+
+    # -- finding -------------------------------------------------------------
+
+    async def lookup(self, path: str) -> Location:
+        if path == "/":
+            return Location(self.me, self.export.lstat("/"))
+        location = await self.locator.find(path)
+        if location is None:
+            raise _enoent(path)
+        return location
+
+    async def where(self, path: str) -> list[Location]:
+        return await self.locator.find_all(path)
+
+    async def listdir(self, path: str) -> list[tuple[str, Location]]:
+        """Merged listing: every reachable node's entries, the nearest holder winning."""
+        listings: dict[str, list[Any]] = {}
+
+        async def fetch(node: str) -> None:
+            try:
+                entries = await self.peers.call(node, "listdir", path)
+            except PeerUnavailable:
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                    raise
+                return
+            if entries is not None:
+                listings[node] = entries
+
+        async with trio.open_nursery() as nursery:
+            for node in self.locator.order:
+                if not self.peers.is_down(node):
+                    nursery.start_soon(fetch, node)
+        if not listings:
+            raise _enoent(path)
+        merged: dict[str, Location] = {}
+        for node in self.locator.order:
+            for name, attr in listings.get(node, ()):
+                if name not in merged:
+                    merged[name] = Location(node, Attr.from_wire(attr))
+        for name, location in merged.items():
+            self.locator.learn(join(path, name), location)
+        return list(merged.items())
+
+    async def readlink(self, path: str) -> str:
+        location = await self.lookup(path)
+        return await self.peers.call(location.node, "readlink", path)
+
+    async def statfs(self) -> tuple[int, ...]:
+        """This node's export: creates land here, so its free space is what a writer has."""
+        return self.export.statfs()
+
+    # -- file data -----------------------------------------------------------
+
+    async def open(self, path: str, flags: int) -> FileHandle:
+        location = await self.lookup(path)
+        if location.node == self.me:
+            fd = self.export.open(path, flags)
+            return FileHandle(path, self.me, Attr.from_stat(os.fstat(fd)), fd=fd)
+        try:
+            handle, attr = await self.peers.call(location.node, "open", path, flags)
+        except FileNotFoundError:
+            self.locator.invalidate(path)  # it moved or went away since we cached it
+            raise
+        return FileHandle(path, location.node, Attr.from_wire(attr), remote=handle)
+
+    async def create(self, path: str, flags: int, mode: int) -> FileHandle:
+        fd = self.export.create(path, flags, mode)
+        attr = Attr.from_stat(os.fstat(fd))
+        self.locator.note_created(path, Location(self.me, attr))
+        return FileHandle(path, self.me, attr, fd=fd, wrote=True)
+
+    async def read(self, handle: FileHandle, offset: int, size: int) -> bytes:
+        if handle.fd is not None:
+            return os.pread(handle.fd, size, offset)
+        if size <= MAX_IO:
+            return await self.peers.call(handle.node, "read", handle.remote, offset, size)
+        chunks = []
+        for start in range(offset, offset + size, MAX_IO):
+            chunk = await self.peers.call(handle.node, "read", handle.remote, start, min(MAX_IO, offset + size - start))
+            chunks.append(chunk)
+            if len(chunk) < MAX_IO:
+                break
+        return b"".join(chunks)
+
+    async def write(self, handle: FileHandle, offset: int, data: bytes) -> int:
+        handle.wrote = True
+        self.locator.invalidate(handle.path)
+        if handle.fd is not None:
+            return os.pwrite(handle.fd, data, offset)
+        written = 0
+        view = memoryview(data)
+        while written < len(data):
+            piece = bytes(view[written:written + MAX_IO])
+            written += await self.peers.call(handle.node, "write", handle.remote, offset + written, piece)
+        return written
+
+    async def fsync(self, handle: FileHandle, datasync: bool) -> None:
+        if handle.fd is not None:
+            (os.fdatasync if datasync else os.fsync)(handle.fd)
+        else:
+            await self.peers.call(handle.node, "fsync", handle.remote, datasync)
+
+    async def fstat(self, handle: FileHandle) -> Attr:
+        if handle.fd is not None:
+            return Attr.from_stat(os.fstat(handle.fd))
+        return Attr.from_wire(await self.peers.call(handle.node, "fstat", handle.remote))
+
+    async def release(self, handle: FileHandle) -> None:
+        if handle.wrote:
+            self.locator.invalidate(handle.path)
+        if handle.fd is not None:
+            os.close(handle.fd)
+            return
+        try:
+            await self.peers.call(handle.node, "close", handle.remote)
+        except OSError:
+            pass  # the holder is gone; its side closed with the connection
+
+    # -- namespace changes ---------------------------------------------------
+
+    async def mkdir(self, path: str, mode: int) -> Attr:
+        attr = self.export.mkdir(path, mode)
+        self.locator.note_created(path, Location(self.me, attr))
+        return attr
+
+    async def symlink(self, target: str, path: str) -> Attr:
+        attr = self.export.symlink(target, path)
+        self.locator.note_created(path, Location(self.me, attr))
+        return attr
+
+    async def unlink(self, path: str) -> None:
+        holders = await self.where(path)
+        if not holders:
+            raise _enoent(path)
+        if holders[0].attr.is_dir:
+            raise IsADirectoryError(errno.EISDIR, f"{path} is a directory")
+        try:
+            for location in holders:
+                if not location.attr.is_dir:
+                    await self.peers.call(location.node, "unlink", path)
+        finally:
+            self.locator.note_removed(path)
+
+    async def rmdir(self, path: str) -> None:
+        holders = [loc for loc in await self.where(path) if loc.attr.is_dir]
+        if not holders:
+            raise _enoent(path)
+        try:
+            for location in holders:
+                await self.peers.call(location.node, "rmdir", path)
+        finally:
+            self.locator.note_removed(path)
+
+    async def rename(self, src: str, dst: str, flags: int = 0) -> None:
+        if flags & RENAME_EXCHANGE:
+            raise OSError(errno.EINVAL, "RENAME_EXCHANGE is not supported across a union")
+        sources = await self.where(src)
+        if not sources:
+            raise _enoent(src)
+        targets = await self.where(dst)
+        if targets and flags & RENAME_NOREPLACE:
+            raise FileExistsError(errno.EEXIST, f"{dst} exists")
+        is_dir = sources[0].attr.is_dir
+        try:
+            if is_dir:
+                await self._rename_dir(src, dst, sources, targets)
+            else:
+                await self._rename_file(src, dst, sources, targets)
+        finally:
+            self.locator.note_renamed(src, dst, is_dir)
+
+    async def _rename_file(self, src: str, dst: str, sources: list[Location], targets: list[Location]) -> None:
+        holder = sources[0].node
+        for target in targets:
+            if target.attr.is_dir:
+                raise IsADirectoryError(errno.EISDIR, f"{dst} is a directory (on node {target.node})")
+        await self.peers.call(holder, "rename", src, dst)
+        for location in sources[1:]:
+            if not location.attr.is_dir:
+                await self.peers.call(location.node, "unlink", src)
+        for location in targets:
+            if location.node != holder:
+                await self.peers.call(location.node, "unlink", dst)
+
+    async def _rename_dir(self, src: str, dst: str, sources: list[Location], targets: list[Location]) -> None:
+        source_nodes = {loc.node for loc in sources if loc.attr.is_dir}
+        for target in targets:
+            if not target.attr.is_dir:
+                raise NotADirectoryError(errno.ENOTDIR, f"{dst} is not a directory (on node {target.node})")
+            if target.node not in source_nodes:
+                raise OSError(errno.EXDEV, f"{dst} exists on node {target.node}, which lacks {src}")
+        for location in sources:
+            if location.attr.is_dir:
+                await self.peers.call(location.node, "rename", src, dst)
+
+    async def setattr(self, path: str, *, mode: int | None = None, size: int | None = None,
+                      atime_ns: int | None = None, mtime_ns: int | None = None,
+                      handle: FileHandle | None = None) -> Attr:
+        node = handle.node if handle is not None else (await self.lookup(path)).node
+        attr: Attr | None = None
+        if size is not None:
+            if handle is not None and handle.fd is not None:
+                os.ftruncate(handle.fd, size)
+                attr = Attr.from_stat(os.fstat(handle.fd))
+            elif handle is not None:
+                attr = Attr.from_wire(await self.peers.call(node, "ftruncate", handle.remote, size))
+            else:
+                attr = Attr.from_wire(await self.peers.call(node, "truncate", path, size))
+        if mode is not None:
+            attr = Attr.from_wire(await self.peers.call(node, "chmod", path, stat.S_IMODE(mode)))
+        if atime_ns is not None or mtime_ns is not None:
+            attr = Attr.from_wire(await self.peers.call(node, "utimens", path, atime_ns, mtime_ns))
+        if attr is None:
+            attr = (await self.lookup(path)).attr
+        self.locator.learn(path, Location(node, attr))
+        return attr
+
+    # -- extended attributes ---------------------------------------------------
+
+    async def getxattr(self, path: str, name: str) -> bytes:
+        if name in VIRTUAL_XATTRS:
+            return await self._virtual_xattr(path, name)
+        location = await self.lookup(path)
+        return await self.peers.call(location.node, "getxattr", path, name)
+
+    async def _virtual_xattr(self, path: str, name: str) -> bytes:
+        if name == "user.gmount.where":
+            holders = await self.where(path)
+            if not holders:
+                raise _enoent(path)
+            return "\n".join(loc.node for loc in holders).encode()
+        location = await self.lookup(path)
+        if name == "user.gmount.node":
+            return location.node.encode()
+        if name == "user.gmount.site":
+            return self.site_of[location.node].encode()
+        # local_path: only when this node holds the file, so a job may bypass FUSE
+        if location.node != self.me:
+            raise OSError(errno.ENODATA, f"{path} is not on this node ({self.me}); it is on {location.node}")
+        return self.export.local_path(path).encode()
+
+    async def listxattr(self, path: str) -> list[str]:
+        location = await self.lookup(path)
+        try:
+            names = await self.peers.call(location.node, "listxattr", path)
+        except OSError:
+            names = []
+        virtual = [n for n in VIRTUAL_XATTRS if n != "user.gmount.local_path" or location.node == self.me]
+        return virtual + [n for n in names if not n.startswith(XATTR_PREFIX)]
+
+    async def setxattr(self, path: str, name: str, value: bytes) -> None:
+        if name.startswith(XATTR_PREFIX):
+            raise PermissionError(errno.EPERM, f"{name} is maintained by gmount and read-only")
+        location = await self.lookup(path)
+        await self.peers.call(location.node, "setxattr", path, name, value)
+
+    async def removexattr(self, path: str, name: str) -> None:
+        if name.startswith(XATTR_PREFIX):
+            raise PermissionError(errno.EPERM, f"{name} is maintained by gmount and read-only")
+        location = await self.lookup(path)
+        await self.peers.call(location.node, "removexattr", path, name)

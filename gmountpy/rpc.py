@@ -1,0 +1,337 @@
+"""Authenticated, multiplexed request/response over TCP (trio).
+
+One connection carries many requests in flight; replies are matched by id.
+Before any request, both ends prove knowledge of the cluster secret with
+HMAC-SHA256 over fresh nonces (the secret never crosses the wire):
+
+    server -> client   hello {proto, v, node, nonce: Ns}
+    client -> server   hello {node, nonce: Nc, mac: HMAC(k, "client" Ns Nc)}
+    server -> client   hello {mac: HMAC(k, "server" Nc Ns)}
+
+A connection that fails the handshake is closed without serving anything.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import hmac
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from . import wire
+from .errors import AuthenticationFailed, PeerUnavailable
+
+log = logging.getLogger(__name__)
+
+PROTO = "gmount"
+HANDSHAKE_TIMEOUT = 5.0
+RECEIVE_CHUNK = 1 << 18
+#: Requests served at once per connection; beyond it the reader stops reading
+#: (TCP back-pressure) instead of queueing without bound.
+MAX_IN_FLIGHT = 64
+
+
+def _mac(secret: bytes, role: bytes, first: bytes, second: bytes) -> bytes:
+    return hmac.new(secret, role + first + second, hashlib.sha256).digest()
+
+
+async def _receive_message(stream: trio.abc.Stream, decoder: wire.FrameDecoder) -> wire.Message:
+    """Read exactly one message during the handshake (no pipelining yet)."""
+    while True:
+        data = await stream.receive_some(4096)
+        if not data:
+            raise wire.ProtocolError("connection closed during handshake")
+        messages = decoder.feed(data)
+        if messages:
+            if len(messages) > 1 or decoder.pending:
+                raise wire.ProtocolError("unexpected data during handshake")
+            return messages[0]
+
+
+# ---------------------------------------------------------------- client side
+
+
+class RpcClient:
+    """One authenticated connection to a peer; `call` may be used concurrently."""
+
+    def __init__(self, stream: trio.SocketStream, peer: str, decoder: wire.FrameDecoder) -> None:
+        self.peer = peer
+        self._stream = stream
+        self._decoder = decoder
+        self._send_lock = trio.Lock()
+        self._next_id = 1
+        self._pending: dict[int, _Pending] = {}
+        self._closed: str | None = None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed is not None
+
+    async def call(self, op: str, *args: Any, timeout: float = 5.0) -> Any:
+        """Send a request and wait for its reply; remote errors come back as OSError."""
+        if self._closed is not None:
+            raise PeerUnavailable(self.peer, self._closed)
+        request_id = self._next_id
+        self._next_id += 1
+        pending = _Pending()
+        self._pending[request_id] = pending
+        try:
+            with trio.move_on_after(timeout) as scope:
+                try:
+                    async with self._send_lock:
+                        await self._stream.send_all(wire.encode_request(request_id, op, list(args)))
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    self._fail_all(f"send failed: {exc}")
+                    raise PeerUnavailable(self.peer, f"send failed: {exc}") from None
+                await pending.event.wait()
+            if scope.cancelled_caught:
+                raise PeerUnavailable(self.peer, f"no reply to {op} within {timeout:g}s", errno.ETIMEDOUT)
+        finally:
+            self._pending.pop(request_id, None)
+        message = pending.message
+        if isinstance(message, wire.Reply):
+            return message.result
+        if isinstance(message, wire.ErrorReply):
+            raise OSError(message.errno, message.message)
+        raise PeerUnavailable(self.peer, pending.failure or "connection lost")
+
+    async def receive_loop(self) -> None:
+        """Dispatch replies to waiting callers until the connection ends."""
+        reason = "connection closed by peer"
+        try:
+            while True:
+                data = await self._stream.receive_some(RECEIVE_CHUNK)
+                if not data:
+                    break
+                for message in self._decoder.feed(data):
+                    if isinstance(message, (wire.Reply, wire.ErrorReply)):
+                        pending = self._pending.get(message.id)
+                        if pending is not None:
+                            pending.message = message
+                            pending.event.set()
+                    else:
+                        raise wire.ProtocolError(f"unexpected {type(message).__name__} from server")
+        except wire.ProtocolError as exc:
+            reason = f"protocol error: {exc}"
+            log.warning("closing connection to %s: %s", self.peer, reason)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            reason = f"connection lost: {exc}"
+        finally:
+            self._fail_all(reason)
+            with trio.CancelScope(shield=True):
+                await self._stream.aclose()
+
+    def _fail_all(self, reason: str) -> None:
+        if self._closed is None:
+            self._closed = reason
+        for pending in self._pending.values():
+            pending.failure = reason
+            pending.event.set()
+
+    async def aclose(self) -> None:
+        self._fail_all("closed")
+        await self._stream.aclose()
+
+
+@dataclass
+class _Pending:
+    event: trio.Event = field(default_factory=trio.Event)
+    message: wire.Message | None = None
+    failure: str | None = None
+
+
+async def connect(
+    nursery: trio.Nursery,
+    host: str,
+    port: int,
+    *,
+    secret: bytes,
+    name: str,
+    peer: str,
+    timeout: float = 3.0,
+) -> RpcClient:
+    """Open and authenticate a connection; its reader runs in `nursery`."""
+    stream: trio.SocketStream | None = None
+    try:
+        with trio.fail_after(timeout):
+            stream = await trio.open_tcp_stream(host, port)
+            decoder = wire.FrameDecoder()
+            hello = await _receive_message(stream, decoder)
+            if not isinstance(hello, wire.Hello) or hello.fields.get("proto") != PROTO:
+                raise wire.ProtocolError("peer is not a gmount daemon")
+            server_nonce = hello.fields.get("nonce")
+            if not isinstance(server_nonce, bytes) or len(server_nonce) < 16:
+                raise wire.ProtocolError("peer sent no usable nonce")
+            client_nonce = os.urandom(32)
+            await stream.send_all(wire.encode_hello({
+                "node": name,
+                "nonce": client_nonce,
+                "mac": _mac(secret, b"client", server_nonce, client_nonce),
+            }))
+            answer = await _receive_message(stream, decoder)
+            if isinstance(answer, wire.ErrorReply):
+                raise AuthenticationFailed(f"node {peer!r} refused us: {answer.message}")
+            expected = _mac(secret, b"server", client_nonce, server_nonce)
+            if not isinstance(answer, wire.Hello) or not hmac.compare_digest(
+                    answer.fields.get("mac", b"") if isinstance(answer.fields.get("mac"), bytes) else b"", expected):
+                raise AuthenticationFailed(f"node {peer!r} at {host}:{port} does not know the cluster secret")
+    except trio.TooSlowError:
+        if stream is not None:
+            await stream.aclose()
+        raise PeerUnavailable(peer, f"no answer from {host}:{port} within {timeout:g}s", errno.ETIMEDOUT) from None
+    except (OSError, wire.ProtocolError, AuthenticationFailed, trio.BrokenResourceError) as exc:
+        if stream is not None:
+            await stream.aclose()
+        if isinstance(exc, AuthenticationFailed):
+            raise PeerUnavailable(peer, str(exc), errno.EACCES) from None
+        raise PeerUnavailable(peer, f"cannot connect to {host}:{port}: {exc}") from None
+    client = RpcClient(stream, peer, decoder)
+    nursery.start_soon(client.receive_loop)
+    return client
+
+
+# ---------------------------------------------------------------- server side
+
+
+@dataclass
+class Session:
+    """Per-connection state a service may attach things to (e.g. open handles)."""
+
+    peer: str
+    cleanups: list[Callable[[], None]] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def close(self) -> None:
+        for cleanup in reversed(self.cleanups):
+            try:
+                cleanup()
+            except Exception:  # cleanup of one handle must not skip the others
+                log.exception("cleanup failed for session of %s", self.peer)
+        self.cleanups.clear()
+
+
+Dispatch = Callable[[Session, str, list[Any]], Awaitable[Any]]
+
+
+async def _authenticate(stream: trio.SocketStream, secret: bytes, name: str) -> tuple[str, wire.FrameDecoder]:
+    decoder = wire.FrameDecoder()
+    server_nonce = os.urandom(32)
+    await stream.send_all(wire.encode_hello({"proto": PROTO, "v": wire.VERSION, "node": name, "nonce": server_nonce}))
+    hello = await _receive_message(stream, decoder)
+    if not isinstance(hello, wire.Hello):
+        raise AuthenticationFailed("first message was not a hello")
+    client_nonce, mac, peer = hello.fields.get("nonce"), hello.fields.get("mac"), hello.fields.get("node")
+    if not (isinstance(client_nonce, bytes) and len(client_nonce) >= 16 and isinstance(mac, bytes)
+            and isinstance(peer, str)):
+        raise AuthenticationFailed("hello lacks node, nonce or mac")
+    if not hmac.compare_digest(mac, _mac(secret, b"client", server_nonce, client_nonce)):
+        await stream.send_all(wire.encode_error(0, errno.EACCES, "authentication failed"))
+        raise AuthenticationFailed(f"peer calling itself {peer!r} does not know the cluster secret")
+    await stream.send_all(wire.encode_hello({"mac": _mac(secret, b"server", client_nonce, server_nonce)}))
+    return peer, decoder
+
+
+async def handle_connection(stream: trio.SocketStream, dispatch: Dispatch, *, secret: bytes, name: str) -> None:
+    """Serve one connection: authenticate, then run each request in its own task.
+
+    Nothing that happens on one connection may take the daemon down.
+    """
+    try:
+        await _handle_connection(stream, dispatch, secret=secret, name=name)
+    except Exception:
+        log.exception("connection handler failed; connection closed")
+        with trio.CancelScope(shield=True):
+            await stream.aclose()
+
+
+async def _handle_connection(stream: trio.SocketStream, dispatch: Dispatch, *, secret: bytes, name: str) -> None:
+    address = _remote_address(stream)
+    try:
+        with trio.fail_after(HANDSHAKE_TIMEOUT):
+            peer, decoder = await _authenticate(stream, secret, name)
+    except (trio.TooSlowError, wire.ProtocolError, AuthenticationFailed,
+            trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+        log.warning("refused connection from %s: %s", address, exc or type(exc).__name__)
+        await stream.aclose()
+        return
+
+    session = Session(peer)
+    send_lock = trio.Lock()
+    in_flight = trio.Semaphore(MAX_IN_FLIGHT)
+
+    async def send(frame: bytes) -> None:
+        async with send_lock:
+            await stream.send_all(frame)
+
+    async def serve_one(request: wire.Request) -> None:
+        try:
+            try:
+                result = await dispatch(session, request.op, request.args)
+                frame = wire.encode_reply(request.id, result)
+            except OSError as exc:
+                frame = wire.encode_error(request.id, exc.errno or errno.EIO, exc.strerror or str(exc))
+            except (TypeError, ValueError) as exc:
+                frame = wire.encode_error(request.id, errno.EINVAL, f"bad arguments to {request.op!r}: {exc}")
+            except Exception as exc:
+                log.exception("request %s from %s failed", request.op, peer)
+                frame = wire.encode_error(request.id, errno.EIO, f"internal error in {request.op}: {exc}")
+            await send(frame)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            in_flight.release()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            try:
+                while True:
+                    data = await stream.receive_some(RECEIVE_CHUNK)
+                    if not data:
+                        break
+                    for message in decoder.feed(data):
+                        if not isinstance(message, wire.Request):
+                            raise wire.ProtocolError(f"unexpected {type(message).__name__} from client")
+                        await in_flight.acquire()
+                        nursery.start_soon(serve_one, message)
+            except wire.ProtocolError as exc:
+                log.warning("closing connection from %s (%s): %s", peer, address, exc)
+                with trio.move_on_after(1):
+                    await send(wire.encode_error(0, errno.EPROTO, f"protocol error: {exc}"))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
+            nursery.cancel_scope.cancel()
+    finally:
+        session.close()
+        with trio.CancelScope(shield=True):
+            await stream.aclose()
+
+
+def _remote_address(stream: trio.SocketStream) -> str:
+    try:
+        host, port = stream.socket.getpeername()[:2]
+        return f"{host}:{port}"
+    except OSError:
+        return "?"
+
+
+async def serve(
+    host: str,
+    port: int,
+    dispatch: Dispatch,
+    *,
+    secret: bytes,
+    name: str,
+    task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Listen on host:port (only there) and serve connections forever."""
+
+    async def handler(stream: trio.SocketStream) -> None:
+        await handle_connection(stream, dispatch, secret=secret, name=name)
+
+    await trio.serve_tcp(handler, port, host=host, task_status=task_status)

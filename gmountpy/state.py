@@ -1,0 +1,137 @@
+"""What the launcher remembers about running clusters, per user.
+
+`gmount status` and `gmount down` must work from another shell or a later
+login, so `up` writes one JSON file per cluster (nodes, addresses, pids).
+The cluster secret lives in a separate file beside it, mode 0600, so the
+state file itself never holds it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .config import ClusterSpec
+from .errors import GmountError
+
+
+def state_dir() -> str:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return os.path.join(base, "gmountpy", "clusters")
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """A running daemon as the launcher started it."""
+
+    name: str
+    site: str
+    pid: int
+    host: str          # address peers and clients connect to
+    port: int
+    mountpoint: str
+    export: str
+    log: str
+    ssh: str | None = None
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    spec: ClusterSpec
+    nodes: dict[str, NodeRecord]
+    started: float
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"spec": self.spec.to_dict(), "started": self.started,
+                "nodes": {name: asdict(record) for name, record in self.nodes.items()}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ClusterState:
+        return cls(ClusterSpec.from_dict(data["spec"]),
+                   {name: NodeRecord(**record) for name, record in data["nodes"].items()},
+                   float(data["started"]))
+
+    def node_for_path(self, path: str) -> tuple[NodeRecord, str] | None:
+        """The node whose mount contains `path`, and the path inside the namespace."""
+        real = os.path.abspath(path)
+        for record in self.nodes.values():
+            mount = record.mountpoint.rstrip("/")
+            if real == mount:
+                return record, "/"
+            if real.startswith(mount + "/"):
+                return record, real[len(mount):]
+        return None
+
+
+def _write_private(path: str, data: bytes) -> None:
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def save(state: ClusterState, secret: bytes) -> None:
+    base = os.path.join(state_dir(), state.name)
+    _write_private(base + ".secret", secret.hex().encode())
+    _write_private(base + ".json", json.dumps(state.to_dict(), indent=2).encode())
+
+
+def load(name: str) -> ClusterState | None:
+    try:
+        with open(os.path.join(state_dir(), name + ".json")) as f:
+            return ClusterState.from_dict(json.load(f))
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise GmountError(f"state file of cluster {name!r} is damaged ({exc}); "
+                          f"remove {os.path.join(state_dir(), name + '.json')} after checking no daemon runs") from None
+
+
+def load_secret(name: str) -> bytes:
+    path = os.path.join(state_dir(), name + ".secret")
+    try:
+        with open(path) as f:
+            return bytes.fromhex(f.read().strip())
+    except FileNotFoundError:
+        raise GmountError(f"no secret for cluster {name!r} at {path}: was it started by this user?") from None
+
+
+def remove(name: str) -> None:
+    for suffix in (".json", ".secret"):
+        try:
+            os.unlink(os.path.join(state_dir(), name + suffix))
+        except FileNotFoundError:
+            pass
+
+
+def all_states() -> list[ClusterState]:
+    try:
+        names = sorted(f[:-5] for f in os.listdir(state_dir()) if f.endswith(".json"))
+    except FileNotFoundError:
+        return []
+    states = []
+    for name in names:
+        state = load(name)
+        if state is not None:
+            states.append(state)
+    return states
+
+
+def find_by_path(path: str) -> tuple[ClusterState, NodeRecord, str] | None:
+    """Which running cluster and node a path inside a mount belongs to."""
+    for state in all_states():
+        found = state.node_for_path(path)
+        if found is not None:
+            return state, found[0], found[1]
+    return None

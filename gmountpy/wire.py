@@ -1,0 +1,160 @@
+"""The peer wire format, sans-IO: bytes in, messages out, no sockets.
+
+A frame is a 5-byte header -- protocol version (1 byte) and body length
+(4 bytes, big endian) -- followed by a msgpack body. Bodies are arrays:
+
+    request   [0, id, op, args]          args: list
+    reply     [1, id, result]
+    error     [2, id, errno, message]
+    hello     [3, fields]                 handshake, before any request
+
+Keeping the codec free of I/O lets it be tested (and fuzzed) without a
+daemon, and keeps the RPC layer a thin loop around it.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+VERSION = 1
+HEADER = struct.Struct(">BI")
+#: A read reply carries at most a few MiB; anything larger is a bug or an attack.
+MAX_FRAME = 16 * 1024 * 1024
+
+REQUEST, REPLY, ERROR, HELLO = 0, 1, 2, 3
+
+
+class ProtocolError(Exception):
+    """The peer sent something that is not a valid frame; the connection must close."""
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    id: int
+    op: str
+    args: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    id: int
+    result: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReply:
+    id: int
+    errno: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    fields: dict[str, Any]
+
+
+Message = Request | Reply | ErrorReply | Hello
+
+
+def _frame(body: list[Any]) -> bytes:
+    payload = msgpack.packb(body, use_bin_type=True)
+    if len(payload) > MAX_FRAME:
+        raise ValueError(f"frame of {len(payload)} bytes exceeds the {MAX_FRAME}-byte limit")
+    return HEADER.pack(VERSION, len(payload)) + payload
+
+
+def encode_request(id: int, op: str, args: list[Any]) -> bytes:
+    return _frame([REQUEST, id, op, args])
+
+
+def encode_reply(id: int, result: Any) -> bytes:
+    return _frame([REPLY, id, result])
+
+
+def encode_error(id: int, errno: int, message: str) -> bytes:
+    return _frame([ERROR, id, errno, message])
+
+
+def encode_hello(fields: dict[str, Any]) -> bytes:
+    return _frame([HELLO, fields])
+
+
+def encode(message: Message) -> bytes:
+    match message:
+        case Request(id, op, args):
+            return encode_request(id, op, args)
+        case Reply(id, result):
+            return encode_reply(id, result)
+        case ErrorReply(id, errno, text):
+            return encode_error(id, errno, text)
+        case Hello(fields):
+            return encode_hello(fields)
+    raise TypeError(f"not a wire message: {message!r}")
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+
+
+def decode_body(payload: bytes) -> Message:
+    """Decode one frame body; any malformation raises ProtocolError."""
+    try:
+        body = msgpack.unpackb(payload, raw=False, use_list=True, strict_map_key=True)
+    except Exception as exc:  # msgpack raises a zoo of types for garbage
+        raise ProtocolError(f"undecodable frame body: {exc}") from None
+    if not isinstance(body, list) or not body:
+        raise ProtocolError("frame body is not a non-empty array")
+    kind = body[0]
+    if kind == REQUEST and len(body) == 4:
+        _, id, op, args = body
+        if _is_id(id) and isinstance(op, str) and isinstance(args, list):
+            return Request(id, op, args)
+    elif kind == REPLY and len(body) == 3:
+        if _is_id(body[1]):
+            return Reply(body[1], body[2])
+    elif kind == ERROR and len(body) == 4:
+        _, id, errno, message = body
+        if _is_id(id) and isinstance(errno, int) and isinstance(message, str):
+            return ErrorReply(id, errno, message)
+    elif kind == HELLO and len(body) == 2:
+        if isinstance(body[1], dict):
+            return Hello(body[1])
+    raise ProtocolError(f"malformed message of kind {kind!r}")
+
+
+class FrameDecoder:
+    """Accumulates received bytes and yields complete messages.
+
+    Checks the version and the size in the header before buffering the body,
+    so an oversized frame is refused without reading it.
+    """
+
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+        self._buffer = bytearray()
+        self._max_frame = max_frame
+
+    def feed(self, data: bytes) -> list[Message]:
+        self._buffer += data
+        messages: list[Message] = []
+        while len(self._buffer) >= HEADER.size:
+            version, length = HEADER.unpack_from(self._buffer)
+            if version != VERSION:
+                raise ProtocolError(f"wire version {version} is not supported (this node speaks {VERSION})")
+            if length > self._max_frame:
+                raise ProtocolError(f"frame of {length} bytes exceeds the {self._max_frame}-byte limit")
+            end = HEADER.size + length
+            if len(self._buffer) < end:
+                break
+            payload = bytes(self._buffer[HEADER.size:end])
+            del self._buffer[:end]
+            messages.append(decode_body(payload))
+        return messages
+
+    @property
+    def pending(self) -> int:
+        """Bytes received but not yet part of a complete frame."""
+        return len(self._buffer)
