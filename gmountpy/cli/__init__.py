@@ -1,0 +1,36 @@
+"""The `gmount` command. One module per subcommand, listed in COMMANDS."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..errors import GmountError
+from . import demo, down, status, up, where
+
+COMMANDS: list[click.Command] = [up.command, down.command, status.command, where.command, demo.command]
+
+
+class _Group(click.Group):
+    """Turns expected failures into one line on stderr instead of a traceback."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except GmountError as exc:
+            click.echo(f"gmount: {exc}", err=True)
+            sys.exit(1)
+        except OSError as exc:
+            click.echo(f"gmount: {exc}", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="gmountpy")
+def main() -> None:
+    """One locality-aware namespace over the local disks of many machines."""
+
+
+for _command in COMMANDS:
+    main.add_command(_command)

@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+from rich.table import Table
+
+from .. import state as state_store
+from ..client import call, run_sync
+from ..config import load_spec
+from ..errors import GmountError
+from ..state import ClusterState
+from ._common import console, running_state
+
+
+def _resolve(path: str, cluster_file: str | None, node: str | None) -> tuple[ClusterState, str, str]:
+    """(cluster, asking node, namespace path) for a PATH argument."""
+    if cluster_file is not None:
+        state = running_state(load_spec(cluster_file).name)
+        asking = node or next(iter(state.nodes))
+        if asking not in state.nodes:
+            raise GmountError(f"--node {asking!r} is not a node of cluster {state.name!r} "
+                              f"(nodes: {', '.join(state.nodes)})")
+        return state, asking, "/" + path.strip("/")
+    found = state_store.find_by_path(path)
+    if found is None:
+        raise GmountError(f"{path} is not inside the mount of any running cluster; "
+                          "give a path under a node's mountpoint, or use --cluster CLUSTER.toml")
+    cluster, record, inner = found
+    return cluster, node or record.name, inner
+
+
+@click.command("where")
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--cluster", "cluster_file", type=click.Path(exists=True, dir_okay=False),
+              help="Cluster file; PATHS are then paths inside the namespace.")
+@click.option("--node", help="Ask as this node (default: the node whose mount holds PATH).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+def command(paths: tuple[str, ...], cluster_file: str | None, node: str | None, as_json: bool) -> None:
+    """Print the nodes holding each PATH, nearest first."""
+    results: dict[str, list[dict[str, Any]]] = {}
+    missing = []
+    for path in paths:
+        state, asking, inner = _resolve(path, cluster_file, node)
+        holders = run_sync(call, state, asking, "where", inner)
+        results[path] = holders
+        if not holders:
+            missing.append(path)
+    if as_json:
+        click.echo(json.dumps(results, indent=2))
+    else:
+        for path, holders in results.items():
+            if not holders:
+                console.print(f"[red]{path}[/]: no node holds it")
+                continue
+            table = Table(title=path, show_edge=False, title_justify="left")
+            for column in ("node", "site", "size", "rtt ms", "path on node"):
+                table.add_column(column)
+            for h in holders:
+                table.add_row(h["node"], h["site"], str(h["size"]), f"{h['rtt_ms']:g}", h["export_path"])
+            console.print(table)
+    if missing:
+        raise SystemExit(1)

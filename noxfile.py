@@ -1,0 +1,72 @@
+"""Sessions a newcomer runs on a fresh Debian machine: `nox -s demo`, `nox -s tests`, `nox -s bench`.
+
+Each session installs what it needs: Debian packages via apt-get when they
+are missing (FUSE, and sshd for the tests), then gmountpy into the session's
+virtualenv as a normal (non-editable) install.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import nox
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+BASE_PACKAGES = ["fuse3", "libfuse3-dev", "pkg-config", "gcc", "python3-dev"]
+TEST_PACKAGES = ["openssh-server", "openssh-client"]
+
+
+def _missing_debs(packages: list[str]) -> list[str]:
+    missing = []
+    for package in packages:
+        result = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True)
+        if "install ok installed" not in result.stdout:
+            missing.append(package)
+    return missing
+
+
+def ensure_system_packages(session: nox.Session, packages: list[str]) -> None:
+    """apt-get install what is missing (as root), or say exactly what to install."""
+    if shutil.which("dpkg-query") is None:
+        session.warn(f"not a Debian system: make sure these are installed: {' '.join(packages)}")
+        return
+    missing = _missing_debs(packages)
+    if not missing:
+        return
+    if os.geteuid() != 0:
+        session.error(f"missing system packages: {' '.join(missing)}; run: sudo apt-get install -y {' '.join(missing)}")
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    session.run("apt-get", "update", "-qq", external=True, env=env)
+    session.run("apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing, external=True, env=env)
+
+
+def install_project(session: nox.Session, extras: str = "") -> None:
+    session.install(f".{extras}")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The whole test suite, with real FUSE mounts and a real sshd."""
+    ensure_system_packages(session, BASE_PACKAGES + TEST_PACKAGES)
+    install_project(session, "[test]")
+    session.run("pytest", *(session.posargs or ["-q"]))
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """Start the embedded 4-node, 2-site local cluster and show it working."""
+    ensure_system_packages(session, BASE_PACKAGES)
+    install_project(session)
+    session.run("gmount", "demo", *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks against direct disk access; JSON results in benchmarks/results/."""
+    ensure_system_packages(session, BASE_PACKAGES)
+    install_project(session)
+    session.run("python", "benchmarks/bench_core.py", *session.posargs)
