@@ -1,0 +1,145 @@
+"""Shared fixtures: isolated state directory, capability checks, real local clusters."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import textwrap
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from gmountpy import launch
+from gmountpy.config import ClusterSpec, load_spec
+from gmountpy.launch.orchestrate import pid_is_daemon
+from gmountpy.state import ClusterState
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Keep launcher state and daemon logs of the test run away from the user's own."""
+    old = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state"))
+    yield
+    if old is None:
+        del os.environ["XDG_STATE_HOME"]
+    else:
+        os.environ["XDG_STATE_HOME"] = old
+
+
+def require(capability: str, problem: str | None) -> None:
+    """Skip a test whose capability is missing -- but under CI that is a failure, never a skip."""
+    if problem is None:
+        return
+    message = f"{capability} not usable: {problem}"
+    if os.environ.get("CI"):
+        pytest.fail(message + " (CI is set: this must work here)", pytrace=False)
+    pytest.skip(message)
+
+
+def fuse_problem() -> str | None:
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse does not exist"
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        return "/dev/fuse is not readable and writable by this user"
+    if shutil.which("fusermount3") is None:
+        return "fusermount3 is not installed (Debian package fuse3)"
+    return None
+
+
+@pytest.fixture
+def fuse() -> None:
+    require("FUSE", fuse_problem())
+
+
+class LocalCluster:
+    """A running local cluster made for a test, with paths to each node's export and mount."""
+
+    def __init__(self, spec: ClusterSpec, state: ClusterState, base: Path) -> None:
+        self.spec = spec
+        self.state = state
+        self.base = base
+
+    @property
+    def nodes(self) -> list[str]:
+        return list(self.spec.nodes)
+
+    def mount(self, node: str) -> Path:
+        return Path(self.spec.node(node).mountpoint)
+
+    def export(self, node: str) -> Path:
+        return Path(self.spec.node(node).export)
+
+
+def write_cluster_file(base: Path, name: str, sites: dict[str, list[str]],
+                       links: list[tuple[str, str, float]], tuning: str = "") -> Path:
+    lines = [f'name = "{name}"', 'launcher = "local"', "[defaults]",
+             f'export = "{base}/{{node}}/export"', f'mountpoint = "{base}/{{node}}/mnt"']
+    for site, nodes in sites.items():
+        lines += [f"[sites.{site}]", "nodes = [" + ", ".join(f'"{n}"' for n in nodes) + "]"]
+    for a, b, rtt in links:
+        lines += ["[[links]]", f'sites = ["{a}", "{b}"]', f"rtt_ms = {rtt}"]
+    if tuning:
+        lines += ["[tuning]", textwrap.dedent(tuning).strip()]
+    path = base / "cluster.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def force_cleanup(spec: ClusterSpec, state: ClusterState | None) -> None:
+    """Last resort after a failed test: kill our daemons by pid, lazily unmount our mountpoints."""
+    if state is not None:
+        for record in state.nodes.values():
+            if pid_is_daemon(record.pid):
+                os.kill(record.pid, signal.SIGKILL)
+    for node in spec.nodes.values():
+        with open("/proc/self/mounts") as f:
+            mounted = any(line.split(" ")[1] == node.mountpoint for line in f)
+        if mounted:
+            subprocess.run(["fusermount3", "-u", "-z", node.mountpoint], capture_output=True)
+
+
+@contextmanager
+def local_cluster(base: Path, name: str, sites: dict[str, list[str]],
+                  links: list[tuple[str, str, float]], tuning: str = "attr_ttl = 0.5\nnegative_ttl = 0.5"
+                  ) -> Iterator[LocalCluster]:
+    """Bring a cluster up for the duration of a block; always tear it down, also on failure."""
+    base.mkdir(parents=True, exist_ok=True)
+    spec = load_spec(write_cluster_file(base, name, sites, links, tuning))
+    state: ClusterState | None = None
+    try:
+        state = launch.up(spec)
+        yield LocalCluster(spec, state, base)
+    finally:
+        try:
+            launch.down(spec.name)
+        finally:
+            force_cleanup(spec, state)
+
+
+FOUR_NODES = {"tsukuba": ["n1", "n2"], "hongo": ["n3", "n4"]}
+FOUR_NODE_LINKS = [("tsukuba", "hongo", 14.0)]
+
+
+@pytest.fixture(scope="session")
+def cluster4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A 4-node, 2-site local cluster shared by the tests of a session (use unique file names)."""
+    require("FUSE", fuse_problem())
+    base = tmp_path_factory.mktemp("cluster4")
+    with local_cluster(base, f"t4-{os.getpid()}", FOUR_NODES, FOUR_NODE_LINKS) as cluster:
+        yield cluster
+
+
+def wait_for(predicate, timeout: float = 5.0, interval: float = 0.05):  # type: ignore[no-untyped-def]
+    """Poll until predicate() is truthy (for effects that become visible after a cache TTL)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval)
