@@ -27,6 +27,11 @@ MAX_FRAME = 16 * 1024 * 1024
 
 REQUEST, REPLY, ERROR, HELLO = 0, 1, 2, 3
 
+#: File names on Linux are bytes; Python shows the non-UTF-8 ones as lone
+#: surrogates (os.fsdecode). Carrying them the same way keeps such files
+#: reachable -- and their directories listable -- from other nodes.
+_UNICODE_ERRORS = "surrogateescape"
+
 
 class ProtocolError(Exception):
     """The peer sent something that is not a valid frame; the connection must close."""
@@ -61,7 +66,7 @@ Message = Request | Reply | ErrorReply | Hello
 
 
 def _frame(body: list[Any]) -> bytes:
-    payload = msgpack.packb(body, use_bin_type=True)
+    payload = msgpack.packb(body, use_bin_type=True, unicode_errors=_UNICODE_ERRORS)
     if len(payload) > MAX_FRAME:
         raise ValueError(f"frame of {len(payload)} bytes exceeds the {MAX_FRAME}-byte limit")
     return HEADER.pack(VERSION, len(payload)) + payload
@@ -103,7 +108,8 @@ def _is_id(value: Any) -> bool:
 def decode_body(payload: bytes) -> Message:
     """Decode one frame body; any malformation raises ProtocolError."""
     try:
-        body = msgpack.unpackb(payload, raw=False, use_list=True, strict_map_key=True)
+        body = msgpack.unpackb(payload, raw=False, use_list=True, strict_map_key=True,
+                               unicode_errors=_UNICODE_ERRORS)
     except Exception as exc:  # msgpack raises a zoo of types for garbage
         raise ProtocolError(f"undecodable frame body: {exc}") from None
     if not isinstance(body, list) or not body:

@@ -130,7 +130,7 @@ class NodeDaemon:
             locator = FloodLocator(pool, self.overlay.lookup_tiers(self.me), ttl=tuning.attr_ttl,
                                    negative_ttl=tuning.negative_ttl)
             namespace = Namespace(self.me, {n: s.site for n, s in self.spec.nodes.items()}, self.export,
-                                  pool, locator)
+                                  pool, locator, nursery)
             extra["where"] = self._where(namespace)
             ops = GmountOperations(namespace, tuning.attr_ttl)
 

@@ -29,6 +29,7 @@ from ..errors import PeerUnavailable
 from .export import Attr, Export
 from .locator import FloodLocator, Location
 from .peers import PeerPool
+from .readahead import ReadAhead
 from .service import MAX_IO
 
 XATTR_PREFIX = "user.gmount."
@@ -47,6 +48,7 @@ class FileHandle:
     fd: int | None = None        # when the holder is this node
     remote: int | None = None    # the holder's handle id otherwise
     wrote: bool = False
+    reader: ReadAhead | None = None  # sequential read-ahead, remote handles only
 
 
 def _enoent(path: str) -> OSError:
@@ -59,8 +61,9 @@ def join(parent: str, name: str) -> str:
 
 class Namespace:
     def __init__(self, me: str, sites: dict[str, str], export: Export, peers: PeerPool,
-                 locator: FloodLocator) -> None:
+                 locator: FloodLocator, nursery: trio.Nursery | None = None) -> None:
         self.me = me
+        self._nursery = nursery  # for read-ahead tasks; None disables read-ahead
         self.site_of = sites
         self.export = export
         self.peers = peers
@@ -130,7 +133,10 @@ class Namespace:
         except FileNotFoundError:
             self.locator.invalidate(path)  # it moved or went away since we cached it
             raise
-        return FileHandle(path, location.node, Attr.from_wire(attr), remote=handle)
+        opened = FileHandle(path, location.node, Attr.from_wire(attr), remote=handle)
+        if self._nursery is not None:
+            opened.reader = ReadAhead(lambda off, size: self._read_remote(opened, off, size), self._nursery)
+        return opened
 
     async def create(self, path: str, flags: int, mode: int) -> FileHandle:
         fd = self.export.create(path, flags, mode)
@@ -141,6 +147,12 @@ class Namespace:
     async def read(self, handle: FileHandle, offset: int, size: int) -> bytes:
         if handle.fd is not None:
             return os.pread(handle.fd, size, offset)
+        if handle.reader is not None:
+            return await handle.reader.read(offset, size)
+        return await self._read_remote(handle, offset, size)
+
+    async def _read_remote(self, handle: FileHandle, offset: int, size: int) -> bytes:
+        """Read from the holder at exactly this offset (one RPC per MAX_IO)."""
         if size <= MAX_IO:
             return await self.peers.call(handle.node, "read", handle.remote, offset, size)
         chunks = []
@@ -154,6 +166,8 @@ class Namespace:
     async def write(self, handle: FileHandle, offset: int, data: bytes) -> int:
         handle.wrote = True
         self.locator.invalidate(handle.path)
+        if handle.reader is not None:
+            handle.reader.invalidate()
         if handle.fd is not None:
             return os.pwrite(handle.fd, data, offset)
         written = 0
@@ -180,6 +194,8 @@ class Namespace:
         if handle.fd is not None:
             os.close(handle.fd)
             return
+        if handle.reader is not None:
+            handle.reader.close()
         try:
             await self.peers.call(handle.node, "close", handle.remote)
         except OSError:
@@ -273,6 +289,8 @@ class Namespace:
                 attr = Attr.from_stat(os.fstat(handle.fd))
             elif handle is not None:
                 attr = Attr.from_wire(await self.peers.call(node, "ftruncate", handle.remote, size))
+                if handle.reader is not None:
+                    handle.reader.invalidate()
             else:
                 attr = Attr.from_wire(await self.peers.call(node, "truncate", path, size))
         if mode is not None:
