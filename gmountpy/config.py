@@ -23,10 +23,11 @@ _PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
 _PLACEHOLDERS = ("node", "site", "cluster")
 LAUNCHERS = ("local", "ssh")
 
-_TOP_KEYS = ("name", "launcher", "intra_site_rtt_ms", "defaults", "nodes", "sites", "links", "tuning")
+_TOP_KEYS = ("name", "launcher", "intra_site_rtt_ms", "defaults", "nodes", "sites", "links", "tuning", "ssh")
 _NODE_KEYS = ("export", "mountpoint", "listen", "port", "host", "ssh_port", "python", "slots")
 _SITE_KEYS = ("nodes",)
 _LINK_KEYS = ("sites", "rtt_ms")
+_SSH_KEYS = ("known_hosts", "identity", "config", "concurrency", "connect_timeout")
 
 
 class SpecError(GmountError, ValueError):
@@ -68,6 +69,47 @@ class Tuning:
     ready_timeout: float = 20.0
 
 
+@dataclass(frozen=True)
+class SshOptions:
+    """How the launcher reaches nodes over SSH (the `[ssh]` table); used only by `launcher = "ssh"`.
+
+    Everything left unset follows the user's own SSH setup: ~/.ssh/config,
+    default keys and the agent, ~/.ssh/known_hosts. Host-key checking is only
+    ever switched off explicitly (`known_hosts = false`).
+    """
+
+    known_hosts: str | None = None       # None: OpenSSH's defaults (~/.ssh/known_hosts, ssh config)
+    verify_host_keys: bool = True        # False only from an explicit `known_hosts = false`
+    identity: tuple[str, ...] = ()       # private keys to use instead of the defaults and the agent
+    config: tuple[str, ...] | None = ()  # () = ~/.ssh/config; None = no ssh config file at all
+    concurrency: int = 32                # SSH connections being set up at once
+    connect_timeout: float = 10.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"known_hosts": self.known_hosts, "verify_host_keys": self.verify_host_keys,
+                "identity": list(self.identity), "config": None if self.config is None else list(self.config),
+                "concurrency": self.concurrency, "connect_timeout": self.connect_timeout}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SshOptions:
+        _expect_table(data, "ssh")
+        _check_keys(data, tuple(f.name for f in fields(cls)), "ssh", required=True)
+        known_hosts = data["known_hosts"]
+        if known_hosts is not None and not isinstance(known_hosts, str):
+            raise SpecError(f"ssh.known_hosts: must be a string or None, got {known_hosts!r}")
+        if not isinstance(data["verify_host_keys"], bool):
+            raise SpecError(f"ssh.verify_host_keys: must be true or false, got {data['verify_host_keys']!r}")
+        config = data["config"]
+        return cls(
+            known_hosts=known_hosts,
+            verify_host_keys=data["verify_host_keys"],
+            identity=tuple(_string_list(data["identity"], "ssh.identity")),
+            config=None if config is None else tuple(_string_list(config, "ssh.config")),
+            concurrency=_integer(data["concurrency"], "ssh.concurrency", 1, None),
+            connect_timeout=_number(data["connect_timeout"], "ssh.connect_timeout", zero_ok=False),
+        )
+
+
 # Tuning keys that may be 0 (a TTL of 0 disables caching); the rest must be > 0.
 _ZERO_OK_TUNING = ("attr_ttl", "negative_ttl")
 
@@ -84,6 +126,7 @@ class ClusterSpec:
     intra_site_rtt_ms: float = 0.15
     tuning: Tuning = field(default_factory=Tuning)
     source: str | None = None
+    ssh: SshOptions = field(default_factory=SshOptions)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (str/int/float/bool/None/list/dict) so the spec can cross the wire."""
@@ -96,13 +139,16 @@ class ClusterSpec:
             "links": [{"sites": list(link.sites), "rtt_ms": link.rtt_ms} for link in self.links],
             "tuning": asdict(self.tuning),
             "source": self.source,
+            "ssh": self.ssh.to_dict(),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ClusterSpec:
         """Inverse of to_dict; re-checks the invariants because the data came from outside."""
         _expect_table(data, "spec")
-        _check_keys(data, ("name", "launcher", "intra_site_rtt_ms", "sites", "nodes", "links", "tuning", "source"), "spec dict", required=True)
+        required = ("name", "launcher", "intra_site_rtt_ms", "sites", "nodes", "links", "tuning", "source")
+        # "ssh" is optional so that state files written before it existed still load.
+        _check_keys({k: v for k, v in data.items() if k != "ssh"}, required, "spec dict", required=True)
         sites_raw = _expect_table(data["sites"], "sites")
         sites = {
             _check_name(site, f"sites.{site}", what="site name"): tuple(
@@ -141,6 +187,7 @@ class ClusterSpec:
             intra_site_rtt_ms=_number(data["intra_site_rtt_ms"], "intra_site_rtt_ms", zero_ok=False),
             tuning=_parse_tuning(tuning_raw),
             source=source,
+            ssh=SshOptions.from_dict(data["ssh"]) if "ssh" in data else SshOptions(),
         )
         _validate(spec)
         return spec
@@ -218,6 +265,7 @@ def _parse(data: dict[str, Any], base_dir: str, source: str | None) -> ClusterSp
     tuning_raw = _expect_table(data.get("tuning", {}), "tuning")
     _check_keys(tuning_raw, tuple(f.name for f in fields(Tuning)), "[tuning]")
     tuning = _parse_tuning(tuning_raw)
+    ssh = _parse_ssh(_expect_table(data.get("ssh", {}), "ssh"), base_dir)
 
     nodes: dict[str, NodeSpec] = {}
     for site, names in sites.items():
@@ -233,6 +281,7 @@ def _parse(data: dict[str, Any], base_dir: str, source: str | None) -> ClusterSp
         intra_site_rtt_ms=intra,
         tuning=tuning,
         source=source,
+        ssh=ssh,
     )
 
 
@@ -270,6 +319,43 @@ def _parse_link_values(raw: dict[str, Any], i: int) -> Link:
 def _parse_tuning(raw: dict[str, Any]) -> Tuning:
     values = {key: _number(value, f"tuning.{key}", zero_ok=key in _ZERO_OK_TUNING) for key, value in raw.items()}
     return Tuning(**values)
+
+
+def _parse_ssh(raw: dict[str, Any], base_dir: str) -> SshOptions:
+    """The [ssh] table; key paths resolve like export paths (~ and relative to the cluster file)."""
+    _check_keys(raw, _SSH_KEYS, "[ssh]")
+
+    def path(value: str) -> str:
+        return os.path.normpath(os.path.join(base_dir, os.path.expanduser(value)))
+
+    known_hosts: str | None = None
+    verify = True
+    if "known_hosts" in raw:
+        value = raw["known_hosts"]
+        if value is False:
+            verify = False
+        elif isinstance(value, str) and value:
+            known_hosts = path(value)
+        else:
+            raise SpecError(f"ssh.known_hosts: must be a file path or false (no host-key checking), got {value!r}")
+    identity = raw.get("identity", [])
+    if isinstance(identity, str):
+        identity = [identity]
+    config: Any = raw.get("config", [])
+    if config is False:
+        config_paths: tuple[str, ...] | None = None
+    else:
+        if isinstance(config, str):
+            config = [config]
+        config_paths = tuple(path(p) for p in _string_list(config, "ssh.config", "a file path, a list of them, or false"))
+    return SshOptions(
+        known_hosts=known_hosts,
+        verify_host_keys=verify,
+        identity=tuple(path(p) for p in _string_list(identity, "ssh.identity", "a key file path or a list of them")),
+        config=config_paths,
+        concurrency=_integer(raw.get("concurrency", 32), "ssh.concurrency", 1, None),
+        connect_timeout=_number(raw.get("connect_timeout", 10.0), "ssh.connect_timeout", zero_ok=False),
+    )
 
 
 def _build_node(
@@ -485,6 +571,12 @@ def _check_launcher(value: Any) -> str:
 def _expect_table(value: Any, name: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise SpecError(f"{name}: must be a table, got {value!r}")
+    return value
+
+
+def _string_list(value: Any, name: str, what: str = "a list of non-empty strings") -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise SpecError(f"{name}: must be {what}, got {value!r}")
     return value
 
 

@@ -242,7 +242,7 @@ def shaped_garbage() -> st.SearchStrategy[Any]:
         lambda rest: st.sampled_from([0, 1, 2, 3, 4, -1, True]).map(lambda kind: [kind, *rest]))
 
 
-@settings(max_examples=300)
+@settings(max_examples=150)
 @given(shaped_garbage())
 def test_fuzz_well_formed_msgpack_of_the_wrong_shape(body: list[Any]) -> None:
     payload = msgpack.packb(body, use_bin_type=True)

@@ -41,12 +41,21 @@ Progress = Callable[[str, str], None]
 
 
 class LaunchError(GmountError):
-    """Some nodes failed to start; `failures` maps node -> one line saying what and what to do."""
+    """Some nodes failed to start; `failures` maps node -> one line saying what and what to do.
 
-    def __init__(self, failures: dict[str, str]) -> None:
+    `running` is None when nothing was left running (the default); with
+    keep_going it is the cluster formed by the nodes that did come up.
+    """
+
+    def __init__(self, failures: dict[str, str], running: ClusterState | None = None) -> None:
         self.failures = failures
+        self.running = running
         lines = "\n".join(f"  {node}: {why}" for node, why in failures.items())
-        super().__init__(f"{len(failures)} node(s) failed to start:\n{lines}")
+        tail = ""
+        if running is not None:
+            tail = (f"\nthe other {len(running.nodes)} node(s) are up (--keep-going): "
+                    f"{', '.join(running.nodes)}")
+        super().__init__(f"{len(failures)} node(s) failed to start:\n{lines}{tail}")
 
 
 @dataclass
@@ -91,8 +100,14 @@ async def start_cluster(
     progress: Progress | None = None,
     peer_host: Callable[[NodeSpec, str], str] | None = None,
     concurrency: int = 32,
+    keep_going: bool = False,
 ) -> ClusterState:
-    """Start one daemon per node and return the running cluster's state."""
+    """Start one daemon per node and return the running cluster's state.
+
+    On any failure every daemon already started is stopped and LaunchError
+    raised; with keep_going only the failed ones are, the rest form the
+    cluster, and LaunchError carries it as `running`.
+    """
     say = progress or (lambda node, what: None)
     timeout = spec.tuning.ready_timeout
     limit = asyncio.Semaphore(concurrency)
@@ -122,10 +137,15 @@ async def start_cluster(
                 failures[node.name] = str(exc)
                 say(node.name, "failed")
 
+    async def drop_failed() -> None:
+        if not keep_going or len(failures) >= len(spec.nodes):
+            await _abort_all(started.values())
+            raise LaunchError(failures)
+        await _abort_all(started.pop(name) for name in list(started) if name in failures)
+
     await asyncio.gather(*(bring_up(node) for node in spec.nodes.values()))
     if failures:
-        await _abort_all(started.values())
-        raise LaunchError(failures)
+        await drop_failed()
 
     addresses = {name: [peer_host(e.spec, e.host) if peer_host else e.host, e.port] for name, e in started.items()}
     peers_line = json.dumps({"peers": addresses})
@@ -141,18 +161,27 @@ async def start_cluster(
 
     await asyncio.gather(*(finish(e) for e in started.values()))
     if failures:
-        await _abort_all(started.values())
-        raise LaunchError(failures)
+        await drop_failed()
     for entry in started.values():
         await entry.process.release()
 
     records = {
         name: NodeRecord(name=name, site=e.spec.site, pid=e.pid, host=addresses[name][0], port=e.port,  # type: ignore[arg-type]
                          mountpoint=e.spec.mountpoint, export=e.spec.export,
-                         log=default_log_path(spec.name, name), ssh=e.spec.host)
+                         log=_log_path(spec.name, e.spec), ssh=e.spec.host)
         for name, e in started.items()
     }
-    return ClusterState(spec, records, time.time())
+    state = ClusterState(spec, records, time.time())
+    if failures:
+        raise LaunchError(failures, running=state)
+    return state
+
+
+def _log_path(cluster: str, node: NodeSpec) -> str:
+    """Where the node logs; a remote node uses its own home (the daemon picks the default there)."""
+    if node.host is None:
+        return default_log_path(cluster, node.name)
+    return f"~/.local/state/gmountpy/logs/{cluster}-{node.name}.log"
 
 
 async def _abort_all(entries: Iterable[_Started]) -> None:

@@ -39,16 +39,25 @@ from .fuse import GmountOperations
 from .locator import FloodLocator
 from .namespace import Namespace
 from .peers import PeerAddress, PeerPool
+from .replicas import ReplicaTable
 from .service import NodeService
+from .staging import stage_file
 
 log = logging.getLogger("gmountpy.node")
 
 LINE_PREFIX = "GMOUNT"
 
 
+def _state_base() -> str:
+    return os.path.join(os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "gmountpy")
+
+
 def default_log_path(cluster: str, node: str) -> str:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return os.path.join(base, "gmountpy", "logs", f"{cluster}-{node}.log")
+    return os.path.join(_state_base(), "logs", f"{cluster}-{node}.log")
+
+
+def replica_table_path(cluster: str, node: str) -> str:
+    return os.path.join(_state_base(), "replicas", f"{cluster}-{node}.json")
 
 
 def _say(out: TextIO, kind: str, payload: Any) -> None:
@@ -103,6 +112,7 @@ class NodeDaemon:
                 "mode": loc.attr.mode,
                 "export_path": os.path.join(self.spec.node(loc.node).export, path.lstrip("/")),
                 "rtt_ms": self.overlay.rtt(self.me, loc.node),
+                "replica_of": loc.replica_of,
             } for loc in holders]
         return where
 
@@ -121,7 +131,8 @@ class NodeDaemon:
         info = {"node": self.me, "site": self.node.site, "cluster": self.spec.name, "version": __version__,
                 "mountpoint": self.node.mountpoint, "export": self.node.export}
         extra: dict[str, Any] = {"shutdown": stop, "stats": stats}
-        service = NodeService(self.export, info, extra)
+        service = NodeService(self.export, info, extra,
+                              ReplicaTable(replica_table_path(self.spec.name, self.me)))
         tuning = self.spec.tuning
         async with trio.open_nursery() as nursery:
             pool = PeerPool(self.me, service, self.secret, nursery, rpc_timeout=tuning.rpc_timeout,
@@ -132,6 +143,11 @@ class NodeDaemon:
             namespace = Namespace(self.me, {n: s.site for n, s in self.spec.nodes.items()}, self.export,
                                   pool, locator, nursery)
             extra["where"] = self._where(namespace)
+
+            async def stage(path: str) -> dict[str, Any]:
+                return await stage_file(namespace, service, path)
+
+            extra["stage"] = stage
             ops = GmountOperations(namespace, tuning.attr_ttl)
 
             listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))

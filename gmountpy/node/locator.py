@@ -31,6 +31,7 @@ class Location:
 
     node: str
     attr: Attr
+    replica_of: str | None = None  # set when this copy is a staged replica of that node's file
 
 
 class Locator(Protocol):
@@ -107,36 +108,72 @@ class FloodLocator:
         for tier in self.tiers:
             replies = await self._ask(tier, path)
             for node in tier:
-                attr = replies.get(node)
-                if attr is not None:
+                reply = replies.get(node)
+                if reply is None:
+                    continue
+                attr, replica = reply
+                if replica is None:
                     return Location(node, attr)
+                # A staged replica serves reads only on its own node, and only while
+                # its source is unchanged; elsewhere the source is the holder.
+                if node == self._peers.me and await self._replica_still_valid(path, replica):
+                    return Location(node, attr, replica_of=replica[0])
         return None
 
+    async def _replica_still_valid(self, path: str, replica: tuple[str, int, int]) -> bool:
+        source, size, mtime_ns = replica
+        try:
+            value = await self._peers.call(source, "lookup", path)
+        except OSError:
+            return False  # cannot vouch for it: use the source (or fail) rather than risk stale data
+        if value is not None and (Attr.from_wire(value).size, Attr.from_wire(value).mtime_ns) == (size, mtime_ns):
+            return True
+        log.info("replica of %s from %s is stale; dropping it", path, source)
+        try:
+            await self._peers.call(self._peers.me, "drop_replica", path, size, mtime_ns)
+        except OSError as exc:
+            log.warning("could not drop stale replica %s: %s", path, exc)
+        return False
+
     async def find_all(self, path: str) -> list[Location]:
-        """Every holder, nearest first (asks all nodes; for `where`, not hot paths)."""
+        """Every holder, nearest first, with valid replicas marked (asks all nodes; for `where`)."""
         replies = await self._ask(tuple(self.order), path)
-        found = [Location(node, replies[node]) for node in self.order if replies.get(node) is not None]
-        if found:
-            self.learn(path, found[0])
-        else:
+        found = []
+        for node in self.order:
+            reply = replies.get(node)
+            if reply is None:
+                continue
+            attr, replica = reply
+            if replica is None:
+                found.append(Location(node, attr))
+                continue
+            source_reply = replies.get(replica[0])
+            if source_reply is not None and source_reply[1] is None and \
+                    (source_reply[0].size, source_reply[0].mtime_ns) == (replica[1], replica[2]):
+                found.append(Location(node, attr, replica_of=replica[0]))
+        if not found:
             self._remember_negative(path)
         return found
 
-    async def _ask(self, nodes: tuple[str, ...], path: str) -> dict[str, Attr | None]:
+    async def _ask(self, nodes: tuple[str, ...], path: str) -> dict[str, tuple[Attr, tuple[str, int, int] | None] | None]:
         """Ask nodes in parallel whether they hold `path`; unreachable nodes count as 'no'."""
-        replies: dict[str, Attr | None] = {}
+        replies: dict[str, tuple[Attr, tuple[str, int, int] | None] | None] = {}
 
         async def ask(node: str) -> None:
             if node != self._peers.me:
                 self._remote += 1
             try:
-                value = await self._peers.call(node, "lookup", path)
+                value = await self._peers.call(node, "locate", path)
             except PeerUnavailable:
                 return
             except OSError as exc:
                 log.debug("lookup of %s on %s failed: %s", path, node, exc)
                 return
-            replies[node] = None if value is None else Attr.from_wire(value)
+            if value is None:
+                replies[node] = None
+            else:
+                attr, replica = value
+                replies[node] = (Attr.from_wire(attr), None if replica is None else (str(replica[0]), int(replica[1]), int(replica[2])))
 
         if len(nodes) == 1:
             await ask(nodes[0])

@@ -106,11 +106,16 @@ class Namespace:
             raise _enoent(path)
         merged: dict[str, Location] = {}
         for node in self.locator.order:
-            for name, attr in listings.get(node, ()):
-                if name not in merged:
-                    merged[name] = Location(node, Attr.from_wire(attr))
-        for name, location in merged.items():
-            self.locator.learn(join(path, name), location)
+            for entry in listings.get(node, ()):
+                name, attr = entry[0], entry[1]
+                if name in merged:
+                    continue
+                if len(entry) > 2:  # a staged replica: only its own node may use it
+                    if node == self.me:
+                        merged[name] = Location(node, Attr.from_wire(attr), replica_of=entry[2])
+                    continue
+                merged[name] = Location(node, Attr.from_wire(attr))
+                self.locator.learn(join(path, name), merged[name])
         return list(merged.items())
 
     async def readlink(self, path: str) -> str:
@@ -123,8 +128,20 @@ class Namespace:
 
     # -- file data -----------------------------------------------------------
 
-    async def open(self, path: str, flags: int) -> FileHandle:
+    async def _original(self, path: str) -> Location:
+        """The holder a change must go to: the nearest holder, or a replica's source."""
         location = await self.lookup(path)
+        if location.replica_of is None:
+            return location
+        attr = await self.peers.call(location.replica_of, "lookup", path)
+        if attr is None:
+            self.locator.invalidate(path)
+            raise _enoent(path)
+        return Location(location.replica_of, Attr.from_wire(attr))
+
+    async def open(self, path: str, flags: int) -> FileHandle:
+        writing = flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC
+        location = await (self._original(path) if writing else self.lookup(path))
         if location.node == self.me:
             fd = self.export.open(path, flags)
             return FileHandle(path, self.me, Attr.from_stat(os.fstat(fd)), fd=fd)
@@ -255,7 +272,11 @@ class Namespace:
             self.locator.note_renamed(src, dst, is_dir)
 
     async def _rename_file(self, src: str, dst: str, sources: list[Location], targets: list[Location]) -> None:
-        holder = sources[0].node
+        originals = [loc for loc in sources if loc.replica_of is None]
+        if not originals:
+            raise _enoent(src)
+        holder = originals[0].node
+        sources = originals + [loc for loc in sources if loc.replica_of is not None]
         for target in targets:
             if target.attr.is_dir:
                 raise IsADirectoryError(errno.EISDIR, f"{dst} is a directory (on node {target.node})")
@@ -281,7 +302,7 @@ class Namespace:
     async def setattr(self, path: str, *, mode: int | None = None, size: int | None = None,
                       atime_ns: int | None = None, mtime_ns: int | None = None,
                       handle: FileHandle | None = None) -> Attr:
-        node = handle.node if handle is not None else (await self.lookup(path)).node
+        node = handle.node if handle is not None else (await self._original(path)).node
         attr: Attr | None = None
         if size is not None:
             if handle is not None and handle.fd is not None:
@@ -338,11 +359,11 @@ class Namespace:
     async def setxattr(self, path: str, name: str, value: bytes) -> None:
         if name.startswith(XATTR_PREFIX):
             raise PermissionError(errno.EPERM, f"{name} is maintained by gmount and read-only")
-        location = await self.lookup(path)
+        location = await self._original(path)
         await self.peers.call(location.node, "setxattr", path, name, value)
 
     async def removexattr(self, path: str, name: str) -> None:
         if name.startswith(XATTR_PREFIX):
             raise PermissionError(errno.EPERM, f"{name} is maintained by gmount and read-only")
-        location = await self.lookup(path)
+        location = await self._original(path)
         await self.peers.call(location.node, "removexattr", path, name)

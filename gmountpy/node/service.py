@@ -13,8 +13,14 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import hashlib
+import inspect
+
+import trio
+
 from ..rpc import Session
 from .export import Attr, Export
+from .replicas import Replica, ReplicaTable
 
 #: Largest single read or write a peer may ask for.
 MAX_IO = 4 * 1024 * 1024
@@ -59,8 +65,10 @@ class NodeService:
     """Dispatches peer requests to the export. `info` is what `ping` returns."""
 
     def __init__(self, export: Export, info: dict[str, Any],
-                 extra: dict[str, Callable[..., Awaitable[Any]]] | None = None) -> None:
+                 extra: dict[str, Callable[..., Awaitable[Any]]] | None = None,
+                 replicas: ReplicaTable | None = None) -> None:
         self.export = export
+        self.replicas = replicas if replicas is not None else ReplicaTable()
         self.info = info
         self._extra = extra or {}
         self._ops: dict[str, Callable[..., Any]] = {
@@ -75,7 +83,10 @@ class NodeService:
             raise OSError(errno.ENOSYS, f"unknown operation {op!r}")
         if op in ("open", "read", "write", "fsync", "fstat", "close", "ftruncate"):
             return method(self._handles(session), *args)
-        return method(*args)
+        result = method(*args)
+        if inspect.iscoroutine(result):
+            return await result
+        return result
 
     @staticmethod
     def _handles(session: Session) -> _Handles:
@@ -99,13 +110,67 @@ class NodeService:
                 return None
             raise
 
-    def op_listdir(self, path: str) -> list[tuple[str, Attr]] | None:
+    def op_locate(self, path: str) -> tuple[Attr, tuple[str, int, int] | None] | None:
+        """Like lookup, plus (source, size, mtime) when this node's copy is a staged replica."""
+        attr = self.op_lookup(path)
+        if attr is None:
+            return None
+        replica = self.replica(path, attr)
+        return attr, None if replica is None else (replica.source, replica.source_size, replica.source_mtime_ns)
+
+    def replica(self, path: str, attr: Attr) -> Replica | None:
+        """The replica record of `path` if the file here is still exactly the staged copy."""
+        replica = self.replicas.get(path)
+        if replica is not None and not replica.matches_local(attr):
+            self.replicas.forget(path)  # changed in place: now an ordinary file of this node
+            return None
+        return replica
+
+    def op_drop_replica(self, path: str, source_size: int, source_mtime_ns: int) -> bool:
+        """Remove a stale replica (its source changed); never removes an ordinary file."""
+        attr = self.op_lookup(path)
+        replica = self.replicas.get(path)
+        if attr is None or replica is None or not replica.matches_local(attr):
+            return False
+        if (replica.source_size, replica.source_mtime_ns) != (source_size, source_mtime_ns):
+            return False  # restaged meanwhile
+        self.export.unlink(path)
+        self.replicas.forget(path)
+        return True
+
+    async def op_checksum(self, path: str) -> tuple[int, str]:
+        """(size, sha256) of a file here, hashed in a worker thread so the node keeps serving."""
+        fd = self.export.open(path, os.O_RDONLY)
+
+        def digest() -> tuple[int, str]:
+            h = hashlib.sha256()
+            size = 0
+            while chunk := os.read(fd, 1 << 20):
+                h.update(chunk)
+                size += len(chunk)
+            return size, h.hexdigest()
+
         try:
-            return self.export.listdir(path)
+            return await trio.to_thread.run_sync(digest)
+        finally:
+            os.close(fd)
+
+    def op_listdir(self, path: str) -> list[tuple[str, Attr] | tuple[str, Attr, str]] | None:
+        """Entries with attributes; a staged replica's entry carries its source node third."""
+        try:
+            entries = self.export.listdir(path)
         except OSError as exc:
             if _absent(exc):
                 return None
             raise
+        if not len(self.replicas):
+            return entries  # type: ignore[return-value]
+        prefix = path.rstrip("/") + "/"
+        result: list[tuple[str, Attr] | tuple[str, Attr, str]] = []
+        for name, attr in entries:
+            replica = self.replica(prefix + name, attr) if self.replicas.get(prefix + name) else None
+            result.append((name, attr) if replica is None else (name, attr, replica.source))
+        return result
 
     def op_statfs(self) -> tuple[int, ...]:
         return self.export.statfs()
@@ -118,12 +183,14 @@ class NodeService:
 
     def op_unlink(self, path: str) -> None:
         self.export.unlink(path)
+        self.replicas.forget(path)
 
     def op_rmdir(self, path: str) -> None:
         self.export.rmdir(path)
 
     def op_rename(self, src: str, dst: str) -> None:
         self.export.rename(src, dst)
+        self.replicas.renamed(src, dst)
 
     def op_chmod(self, path: str, mode: int) -> Attr:
         return self.export.chmod(path, _int(mode, "mode"))

@@ -1,0 +1,70 @@
+"""Staged replicas through real mounts: copy, verify, serve locally, never stale."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+
+from gmountpy.client import call, run_sync
+
+from ..conftest import LocalCluster, wait_for
+
+
+def stage(cluster: LocalCluster, node: str, path: str) -> dict:
+    return run_sync(call, cluster.state, node, "stage", path)
+
+
+def test_stage_copies_verifies_and_is_idempotent(cluster4: LocalCluster) -> None:
+    data = os.urandom(9 * 1024 * 1024 + 123)  # several 4 MiB pieces and a ragged end
+    (cluster4.export("n3") / "stage-a").mkdir()
+    (cluster4.export("n3") / "stage-a" / "input.bin").write_bytes(data)
+    first = stage(cluster4, "n1", "/stage-a/input.bin")
+    assert first["status"] == "copied" and first["source"] == "n3"
+    assert first["sha256"] == hashlib.sha256(data).hexdigest() and first["size"] == len(data)
+    copy = cluster4.export("n1") / "stage-a" / "input.bin"
+    assert copy.read_bytes() == data
+    assert copy.stat().st_mtime_ns == (cluster4.export("n3") / "stage-a" / "input.bin").stat().st_mtime_ns
+    assert stage(cluster4, "n1", "/stage-a/input.bin")["status"] == "up-to-date"
+    assert not [p for p in os.listdir(cluster4.export("n1") / "stage-a") if "gmount-stage" in p]
+
+
+def test_replica_wins_on_its_node_only(cluster4: LocalCluster) -> None:
+    (cluster4.export("n4") / "stage-b.txt").write_text("original on n4")
+    stage(cluster4, "n1", "/stage-b.txt")
+    on_n1 = cluster4.mount("n1") / "stage-b.txt"
+    assert wait_for(lambda: os.getxattr(on_n1, "user.gmount.node") == b"n1")
+    assert os.getxattr(on_n1, "user.gmount.local_path").decode() == str(cluster4.export("n1") / "stage-b.txt")
+    # n2 is n1's site-mate, but a replica serves only its own node: n2 reads the source
+    assert os.getxattr(cluster4.mount("n2") / "stage-b.txt", "user.gmount.node") == b"n4"
+    holders = run_sync(call, cluster4.state, "n1", "where", "/stage-b.txt")
+    assert [(h["node"], h["replica_of"]) for h in holders] == [("n1", "n4"), ("n4", None)]
+
+
+def test_replica_never_serves_stale_data(cluster4: LocalCluster) -> None:
+    (cluster4.export("n3") / "stage-c.txt").write_text("version 1")
+    stage(cluster4, "n2", "/stage-c.txt")
+    on_n2 = cluster4.mount("n2") / "stage-c.txt"
+    assert on_n2.read_text() == "version 1"
+    time.sleep(0.05)
+    (cluster4.mount("n4") / "stage-c.txt").write_text("version 2, written through n4")
+    # after the attribute TTL (0.5 s in tests) the replica is checked against its source and dropped
+    assert wait_for(lambda: on_n2.read_text() == "version 2, written through n4", timeout=3)
+    assert wait_for(lambda: not (cluster4.export("n2") / "stage-c.txt").exists(), timeout=3)
+
+
+def test_writes_through_the_replica_node_go_to_the_source(cluster4: LocalCluster) -> None:
+    (cluster4.export("n3") / "stage-d.txt").write_text("base\n")
+    stage(cluster4, "n1", "/stage-d.txt")
+    with open(cluster4.mount("n1") / "stage-d.txt", "a") as f:
+        f.write("appended on n1\n")
+    assert (cluster4.export("n3") / "stage-d.txt").read_text() == "base\nappended on n1\n"
+    assert wait_for(lambda: (cluster4.mount("n1") / "stage-d.txt").read_text() == "base\nappended on n1\n")
+
+
+def test_stage_of_missing_file_and_of_local_file(cluster4: LocalCluster) -> None:
+    import pytest
+    with pytest.raises(FileNotFoundError):
+        stage(cluster4, "n1", "/no-such-stage-file")
+    (cluster4.export("n1") / "stage-e.txt").write_text("mine")
+    assert stage(cluster4, "n1", "/stage-e.txt")["status"] == "local"

@@ -1,0 +1,502 @@
+"""Authenticated RPC over real TCP on 127.0.0.1: calls, errors, timeouts, hostile clients, cleanup."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import trio
+
+from gmountpy import rpc, wire
+from gmountpy.errors import PeerUnavailable
+
+from ._trio import trio_test
+
+SECRET = b"correct horse battery staple 123"
+
+
+@dataclass
+class Backend:
+    """A dispatch function that records what it was asked to do."""
+
+    calls: list[str] = field(default_factory=list)
+    cleaned: list[str] = field(default_factory=list)
+    started: trio.Event = field(default_factory=trio.Event)
+    running: int = 0
+    max_running: int = 0
+
+    async def dispatch(self, session: rpc.Session, op: str, args: list[Any]) -> Any:
+        self.calls.append(op)
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        try:
+            return await self._run(session, op, args)
+        finally:
+            self.running -= 1
+
+    async def _run(self, session: rpc.Session, op: str, args: list[Any]) -> Any:
+        if op == "echo":
+            return args
+        if op == "sleep":
+            await trio.sleep(args[0])
+            return args[1]
+        if op == "forever":
+            self.started.set()
+            await trio.sleep_forever()
+        if op == "fail":
+            raise OSError(*args)
+        if op == "type":
+            raise TypeError("wrong type")
+        if op == "crash":
+            raise RuntimeError("kaput")
+        if op == "unencodable":
+            return object()
+        if op == "peer":
+            return session.peer
+        if op == "hold":
+            tag = args[0]
+
+            def cleanup() -> None:
+                self.cleaned.append(tag)
+                if tag == "bad":
+                    raise RuntimeError("cleanup failed")
+
+            session.cleanups.append(cleanup)
+            return tag
+        raise OSError(errno.ENOSYS, f"unknown operation {op!r}")
+
+
+@dataclass
+class Server:
+    port: int
+    scope: trio.CancelScope
+
+
+@asynccontextmanager
+async def serving(backend: Backend, *, secret: bytes = SECRET, name: str = "srv") -> AsyncIterator[
+        tuple[trio.Nursery, Server]]:
+    """A server in its own cancel scope (so a test can stop it) and a nursery for clients."""
+    async with trio.open_nursery() as nursery:
+        scope = trio.CancelScope()
+
+        async def run(task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED) -> None:
+            with scope:
+                await rpc.serve("127.0.0.1", 0, backend.dispatch, secret=secret, name=name,
+                                task_status=task_status)
+
+        listeners = await nursery.start(run)
+        yield nursery, Server(listeners[0].socket.getsockname()[1], scope)
+        nursery.cancel_scope.cancel()
+
+
+async def connect(nursery: trio.Nursery, port: int, *, secret: bytes = SECRET, timeout: float = 2.0) -> rpc.RpcClient:
+    return await rpc.connect(nursery, "127.0.0.1", port, secret=secret, name="cli", peer="srv", timeout=timeout)
+
+
+async def raw_handshake(stream: trio.SocketStream, secret: bytes = SECRET) -> wire.FrameDecoder:
+    """The client half of the handshake, by hand, so a test can misbehave after it."""
+    decoder = wire.FrameDecoder()
+    hello = await rpc._receive_message(stream, decoder)
+    assert isinstance(hello, wire.Hello) and hello.fields["proto"] == rpc.PROTO
+    nonce = os.urandom(32)
+    await stream.send_all(wire.encode_hello({
+        "node": "raw", "nonce": nonce, "mac": rpc._mac(secret, b"client", hello.fields["nonce"], nonce)}))
+    answer = await rpc._receive_message(stream, decoder)
+    assert isinstance(answer, wire.Hello)
+    return decoder
+
+
+async def read_until_closed(stream: trio.SocketStream, decoder: wire.FrameDecoder | None = None) -> list[wire.Message]:
+    """Everything the server says until it closes the connection (the test's deadline catches a hang)."""
+    decoder = decoder or wire.FrameDecoder()
+    received: list[wire.Message] = []
+    while True:
+        try:
+            data = await stream.receive_some(65536)
+        except trio.BrokenResourceError:
+            return received
+        if not data:
+            return received
+        received += decoder.feed(data)
+
+
+async def free_port() -> int:
+    sock = trio.socket.socket()
+    await sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
+# ---------------------------------------------------------------- calls
+
+
+@trio_test
+async def test_call_and_reply() -> None:
+    backend = Backend()
+    async with serving(backend) as (nursery, server):
+        client = await connect(nursery, server.port)
+        assert await client.call("echo", 1, "two", b"three", [4, {"five": None}]) == [1, "two", b"three",
+                                                                                     [4, {"five": None}]]
+        assert await client.call("peer") == "cli"
+        assert backend.calls == ["echo", "peer"]
+        await client.aclose()
+
+
+@trio_test
+async def test_many_concurrent_calls_on_one_connection_get_their_own_replies() -> None:
+    backend = Backend()
+    results: dict[int, Any] = {}
+    rng = random.Random(7)
+    async with serving(backend) as (nursery, server):
+        client = await connect(nursery, server.port)
+
+        async def one(i: int, delay: float) -> None:
+            results[i] = await client.call("sleep", delay, {"i": i, "blob": bytes([i % 256]) * i})
+
+        async with trio.open_nursery() as calls:
+            for i in range(300):
+                calls.start_soon(one, i, rng.random() * 0.02)
+        assert results == {i: {"i": i, "blob": bytes([i % 256]) * i} for i in range(300)}
+        assert 1 < backend.max_running <= rpc.MAX_IN_FLIGHT
+        await client.aclose()
+
+
+@trio_test
+async def test_remote_oserror_comes_back_with_its_errno() -> None:
+    backend = Backend()
+    async with serving(backend) as (nursery, server):
+        client = await connect(nursery, server.port)
+        with pytest.raises(FileNotFoundError) as info:
+            await client.call("fail", errno.ENOENT, "no such thing")
+        assert info.value.errno == errno.ENOENT and info.value.strerror == "no such thing"
+        with pytest.raises(OSError) as info:
+            await client.call("fail", errno.EXDEV, "across nodes")
+        assert info.value.errno == errno.EXDEV
+        with pytest.raises(OSError) as info:
+            await client.call("fail", "an OSError without errno")
+        assert info.value.errno == errno.EIO
+        with pytest.raises(OSError) as info:
+            await client.call("nope")
+        assert info.value.errno == errno.ENOSYS
+        # The connection survives every one of them.
+        assert await client.call("echo", 1) == [1]
+
+
+@trio_test
+async def test_server_side_bugs_become_errors_not_dead_connections() -> None:
+    backend = Backend()
+    async with serving(backend) as (nursery, server):
+        client = await connect(nursery, server.port)
+        with pytest.raises(OSError, match="bad arguments") as info:
+            await client.call("type")
+        assert info.value.errno == errno.EINVAL
+        with pytest.raises(OSError, match="internal error in crash") as info:
+            await client.call("crash")
+        assert info.value.errno == errno.EIO
+        with pytest.raises(OSError) as info:
+            await client.call("unencodable")
+        assert info.value.errno == errno.EINVAL
+        assert await client.call("echo", "still here") == ["still here"]
+
+
+# ---------------------------------------------------------------- authentication
+
+
+@trio_test
+async def test_wrong_secret_is_refused_and_nothing_is_served() -> None:
+    backend = Backend()
+    async with serving(backend) as (nursery, server):
+        with pytest.raises(PeerUnavailable) as info:
+            await connect(nursery, server.port, secret=b"not the cluster secret at all!!!")
+        assert info.value.errno == errno.EACCES
+        assert "srv" in str(info.value)
+        assert backend.calls == []
+        # The server is not disturbed by it.
+        client = await connect(nursery, server.port)
+        assert await client.call("echo") == []
+
+
+@trio_test
+async def test_a_bad_mac_with_a_request_pipelined_behind_it_is_not_served() -> None:
+    backend = Backend()
+    async with serving(backend) as (_, server):
+        stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+        decoder = wire.FrameDecoder()
+        hello = await rpc._receive_message(stream, decoder)
+        assert isinstance(hello, wire.Hello)
+        await stream.send_all(wire.encode_hello({"node": "x", "nonce": os.urandom(32), "mac": b"\0" * 32})
+                              + wire.encode_request(1, "echo", [1]))
+        await read_until_closed(stream, decoder)
+        await stream.aclose()
+        assert backend.calls == []
+
+
+@trio_test
+async def test_client_refuses_a_server_that_does_not_know_the_secret() -> None:
+    """Authentication is mutual: a server echoing a wrong MAC is not trusted."""
+
+    async def impostor(stream: trio.SocketStream) -> None:
+        decoder = wire.FrameDecoder()
+        await stream.send_all(wire.encode_hello({"proto": rpc.PROTO, "v": 1, "node": "srv", "nonce": os.urandom(32)}))
+        await rpc._receive_message(stream, decoder)
+        await stream.send_all(wire.encode_hello({"mac": os.urandom(32)}))
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, impostor, 0)
+        port = listeners[0].socket.getsockname()[1]
+        with pytest.raises(PeerUnavailable, match="does not know the cluster secret") as info:
+            await connect(nursery, port)
+        assert info.value.errno == errno.EACCES
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_connecting_to_something_that_is_not_a_gmount_daemon() -> None:
+    async def other(stream: trio.SocketStream) -> None:
+        await stream.send_all(wire.encode_hello({"proto": "http", "nonce": os.urandom(32)}))
+        await trio.sleep_forever()
+
+    async def garbage(stream: trio.SocketStream) -> None:
+        await stream.send_all(b"SSH-2.0-OpenSSH_9.2\r\n")
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        for handler in (other, garbage):
+            listeners = await nursery.start(trio.serve_tcp, handler, 0)
+            port = listeners[0].socket.getsockname()[1]
+            with pytest.raises(PeerUnavailable, match="cannot connect") as info:
+                await connect(nursery, port)
+            assert info.value.errno == errno.EHOSTDOWN
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_connect_to_a_closed_port_fails_fast() -> None:
+    port = await free_port()
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(2):
+            with pytest.raises(PeerUnavailable, match="cannot connect") as info:
+                await connect(nursery, port)
+        assert info.value.errno == errno.EHOSTDOWN
+
+
+@trio_test
+async def test_connect_to_a_silent_server_times_out() -> None:
+    async def silent(stream: trio.SocketStream) -> None:
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, silent, 0)
+        port = listeners[0].socket.getsockname()[1]
+        with trio.fail_after(2):
+            with pytest.raises(PeerUnavailable, match="within 0.2s") as info:
+                await connect(nursery, port, timeout=0.2)
+        assert info.value.errno == errno.ETIMEDOUT
+        nursery.cancel_scope.cancel()
+
+
+# ---------------------------------------------------------------- hostile clients
+
+
+async def still_serves(nursery: trio.Nursery, port: int) -> None:
+    client = await connect(nursery, port)
+    assert await client.call("echo", "ok") == ["ok"]
+    await client.aclose()
+
+
+@pytest.mark.parametrize("junk", [
+    b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+    wire.HEADER.pack(7, 3) + b"\x93\x03\x80\x00",          # wrong version
+    wire.HEADER.pack(wire.VERSION, wire.MAX_FRAME + 1),     # oversized, body never sent
+    wire.encode_request(1, "echo", ["before the handshake"]),
+    wire.HEADER.pack(wire.VERSION, 3) + b"\xc1\xc1\xc1",    # undecodable body
+])
+@trio_test
+async def test_junk_before_the_handshake_closes_that_connection_only(junk: bytes) -> None:
+    backend = Backend()
+    async with serving(backend) as (nursery, server):
+        stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+        await stream.send_all(junk)
+        with trio.fail_after(2):  # well before the 5 s handshake timeout
+            await read_until_closed(stream)
+        await stream.aclose()
+        await still_serves(nursery, server.port)
+        assert backend.calls == ["echo"]
+
+
+@pytest.mark.parametrize("junk", [
+    b"\x00\x00\x00\x00\x00\x00\x00\x00garbage",
+    wire.HEADER.pack(2, 3) + b"\x93\x00\x01",               # wrong version
+    wire.HEADER.pack(wire.VERSION, wire.MAX_FRAME + 1),     # oversized, body never sent
+    wire.HEADER.pack(wire.VERSION, 2) + b"\x92\xc1",        # undecodable body
+    wire.encode_hello({"again": True}),                     # a second hello
+    wire.encode_reply(1, "a client does not send replies"),
+])
+@trio_test
+async def test_junk_after_the_handshake_gets_a_protocol_error_and_a_close(junk: bytes) -> None:
+    backend = Backend()
+    async with serving(backend) as (nursery, server):
+        stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+        decoder = await raw_handshake(stream)
+        await stream.send_all(junk)
+        with trio.fail_after(2):
+            received = await read_until_closed(stream, decoder)
+        await stream.aclose()
+        assert len(received) == 1 and isinstance(received[0], wire.ErrorReply)
+        assert received[0].errno == errno.EPROTO
+        await still_serves(nursery, server.port)
+        assert backend.calls == ["echo"]
+
+
+@trio_test
+async def test_a_client_that_never_finishes_the_handshake_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rpc, "HANDSHAKE_TIMEOUT", 0.2)
+    backend = Backend()
+    async with serving(backend) as (nursery, server):
+        stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+        with trio.fail_after(2):
+            received = await read_until_closed(stream)
+        await stream.aclose()
+        assert [type(m) for m in received] == [wire.Hello]
+        await still_serves(nursery, server.port)
+
+
+@trio_test
+async def test_requests_after_a_good_handshake_are_served_raw() -> None:
+    """The hand-made handshake above is the real protocol: a raw client can be served."""
+    backend = Backend()
+    async with serving(backend) as (_, server):
+        stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+        decoder = await raw_handshake(stream)
+        await stream.send_all(wire.encode_request(41, "echo", ["raw"]) + wire.encode_request(42, "peer", []))
+        received: list[wire.Message] = []
+        while len(received) < 2:
+            received += decoder.feed(await stream.receive_some(65536))
+        assert sorted(received, key=lambda m: m.id) == [wire.Reply(41, ["raw"]), wire.Reply(42, "raw")]  # type: ignore[union-attr]
+        await stream.aclose()
+
+
+# ---------------------------------------------------------------- time and failure
+
+
+@trio_test
+async def test_call_timeout_is_etimedout_and_the_connection_stays_usable() -> None:
+    backend = Backend()
+    async with serving(backend) as (nursery, server):
+        client = await connect(nursery, server.port)
+        with trio.fail_after(2):
+            with pytest.raises(PeerUnavailable, match="no reply to sleep within 0.2s") as info:
+                await client.call("sleep", 10, "late", timeout=0.2)
+        assert info.value.errno == errno.ETIMEDOUT
+        assert not client.closed
+        assert await client.call("echo", 1) == [1]
+
+
+@trio_test
+async def test_server_going_away_mid_call_fails_the_call_instead_of_hanging() -> None:
+    backend = Backend()
+    async with serving(backend) as (nursery, server):
+        client = await connect(nursery, server.port)
+        outcome: list[BaseException] = []
+
+        async def call() -> None:
+            try:
+                await client.call("forever", timeout=30)
+            except PeerUnavailable as exc:
+                outcome.append(exc)
+
+        with trio.fail_after(2):
+            async with trio.open_nursery() as calls:
+                calls.start_soon(call)
+                await backend.started.wait()
+                server.scope.cancel()
+        assert len(outcome) == 1 and outcome[0].errno == errno.EHOSTDOWN
+        assert client.closed
+        with trio.fail_after(0.5):
+            with pytest.raises(PeerUnavailable):
+                await client.call("echo")
+
+
+@trio_test
+async def test_session_cleanups_run_when_the_client_disconnects() -> None:
+    backend = Backend()
+    async with serving(backend) as (nursery, server):
+        client = await connect(nursery, server.port)
+        for tag in ("first", "bad", "last"):
+            assert await client.call("hold", tag) == tag
+        assert backend.cleaned == []
+        await client.aclose()
+        with trio.fail_after(2):
+            while len(backend.cleaned) < 3:
+                await trio.sleep(0.01)
+        # Newest first; a failing cleanup does not skip the others.
+        assert backend.cleaned == ["last", "bad", "first"]
+
+
+@trio_test
+async def test_session_cleanups_run_when_the_server_stops() -> None:
+    backend = Backend()
+    async with serving(backend) as (nursery, server):
+        client = await connect(nursery, server.port)
+        await client.call("hold", "h")
+        server.scope.cancel()
+        with trio.fail_after(2):
+            while not backend.cleaned:
+                await trio.sleep(0.01)
+        assert backend.cleaned == ["h"]
+
+
+@trio_test
+async def test_a_send_cut_short_by_a_timeout_never_corrupts_the_next_request() -> None:
+    """A request whose send times out half-way must not leave half a frame on the connection.
+
+    Otherwise the peer reads the next request as the rest of the cut one and may
+    execute a corrupted request (a write of the wrong bytes).
+    """
+    received: list[wire.Message] = []
+    may_read = trio.Event()
+    done = trio.Event()
+
+    async def stalled_server(stream: trio.SocketStream) -> None:
+        _, decoder = await rpc._authenticate(stream, SECRET, "srv")
+        await may_read.wait()  # not reading: the client's send blocks once the buffers fill
+        try:
+            while True:
+                data = await stream.receive_some(1 << 20)
+                if not data:
+                    break
+                received.extend(decoder.feed(data))
+        except (wire.ProtocolError, trio.BrokenResourceError):
+            pass
+        done.set()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, stalled_server, 0)
+        port = listeners[0].socket.getsockname()[1]
+        client = await connect(nursery, port)
+        big = b"A" * (12 * 1024 * 1024)
+        with pytest.raises(PeerUnavailable) as info:
+            await client.call("write", 1, 0, big, timeout=0.3)
+        assert info.value.errno == errno.ETIMEDOUT
+        may_read.set()
+        small = b"B" * (4 * 1024 * 1024)
+        for _ in range(4):  # the stalled server never replies: each call times out after its send
+            with pytest.raises(PeerUnavailable):
+                await client.call("write", 1, 0, small, timeout=0.3)
+        await client.aclose()
+        with trio.fail_after(5):
+            await done.wait()
+        print("RECEIVED", [(type(m).__name__, getattr(m, "id", None), [len(a) if isinstance(a, bytes) else a for a in getattr(m, "args", [])]) for m in received])
+        for message in received:
+            assert isinstance(message, wire.Request)
+            assert message.args in ([1, 0, big], [1, 0, small]), "the server decoded a corrupted request"
+        nursery.cancel_scope.cancel()
+
