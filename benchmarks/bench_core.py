@@ -205,6 +205,34 @@ def daemon_stats(state: Any, node: str) -> dict[str, Any] | None:
         return None
 
 
+def lookups_seen(state: Any, node: str = ME) -> int | None:
+    """Namespace lookups that reached the node's locator so far (cache hits + negative hits + misses)."""
+    s = daemon_stats(state, node)
+    if not s:
+        return None
+    return int(s["cache_hits"]) + int(s["negative_hits"]) + int(s["cache_misses"])
+
+
+def code_version() -> dict[str, Any]:
+    """The commit measured, and whether the tree had uncommitted changes (read-only git calls)."""
+    repo = Path(__file__).resolve().parent.parent
+    info: dict[str, Any] = {}
+    try:
+        info["commit"] = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+                                        text=True, timeout=10).stdout.strip() or None
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--", "gmountpy"],
+                               capture_output=True, text=True, timeout=10).stdout.splitlines()
+        info["uncommitted_in_gmountpy"] = [line[3:] for line in dirty]
+    except (OSError, subprocess.SubprocessError):
+        info["commit"] = None
+    try:
+        import gmountpy
+        info["gmountpy_path"] = os.path.dirname(gmountpy.__file__)
+    except ImportError:
+        pass
+    return info
+
+
 def fuse_bdi_info(mountpoint: str) -> dict[str, Any]:
     dev = os.stat(mountpoint).st_dev
     major, minor = os.major(dev), os.minor(dev)
@@ -257,11 +285,13 @@ def stat_pass(paths: list[str]) -> tuple[float, int]:
     return len(paths) / (time.perf_counter() - t0), missing
 
 
-def warm_stat_pass(paths: list[str], ttl: float, passes: int = 4) -> tuple[float, int, int]:
+def warm_stat_pass(paths: list[str], ttl: float, passes: int = 4,
+                   probe: Callable[[], int | None] | None = None) -> tuple[float, int, int, float | None]:
     """Stat each chunk once (untimed prime), then `passes` more times (timed) within the TTL.
 
     Returns (ops/s over the timed stats, chunks whose prime+timed span exceeded the TTL,
-    missing count). Chunks shrink when one crosses the TTL, so the warm stats stay warm.
+    missing count, requests that reached the daemon per timed stat in the first chunk, if
+    `probe` counts them). Chunks shrink when one crosses the TTL, so the warm stats stay warm.
     """
     stat = os.stat
     chunk = 200
@@ -269,6 +299,7 @@ def warm_stat_pass(paths: list[str], ttl: float, passes: int = 4) -> tuple[float
     elapsed = 0.0
     crossed = 0
     missing = 0
+    reached: float | None = None
     i = 0
     while i < len(paths):
         part = paths[i:i + chunk]
@@ -278,6 +309,8 @@ def warm_stat_pass(paths: list[str], ttl: float, passes: int = 4) -> tuple[float
                 stat(p)
             except FileNotFoundError:
                 pass
+        first = probe is not None and i == 0
+        count0 = probe() if first else None  # type: ignore[misc]
         t0 = time.perf_counter()
         for _ in range(passes):
             for p in part:
@@ -286,13 +319,17 @@ def warm_stat_pass(paths: list[str], ttl: float, passes: int = 4) -> tuple[float
                 except FileNotFoundError:
                     missing += 1
         t1 = time.perf_counter()
+        if first:
+            count1 = probe()  # type: ignore[misc]
+            if count0 is not None and count1 is not None:
+                reached = (count1 - count0) / (passes * len(part))
         ops += passes * len(part)
         elapsed += t1 - t0
         if t1 - t_prime > 0.9 * ttl:
             crossed += 1
             chunk = max(10, chunk // 2)
         i += len(part)
-    return ops / elapsed, crossed, missing // passes
+    return ops / elapsed, crossed, missing // passes, reached
 
 
 def create_pass(directory: str, n: int) -> float:
@@ -418,6 +455,7 @@ def run(args: argparse.Namespace, base: Path, holder: dict[str, Any]) -> dict[st
     cold: dict[str, dict[str, list[float]]] = {k: {"mount": [], "direct": []} for k in kinds}
     warm: dict[str, dict[str, list[float]]] = {k: {"mount": [], "direct": []} for k in kinds}
     remote_per_op: dict[str, list[float]] = {k: [] for k in kinds}
+    reached_warm: dict[str, list[float]] = {k: [] for k in kinds}
     warm_crossed = 0
     for r in range(repeats):
         for kind in kinds:
@@ -438,12 +476,14 @@ def run(args: argparse.Namespace, base: Path, holder: dict[str, Any]) -> dict[st
                 res.notes.append(f"ANOMALY: cold stat {kind} r{r}: {miss} of {n_files} missing, expected {expect}")
             rate, miss = stat_pass(d_paths)
             cold[kind]["direct"].append(rate)
-            rate, crossed, miss = warm_stat_pass(m_paths, ttl)
+            rate, crossed, miss, reached = warm_stat_pass(m_paths, ttl, probe=lambda: lookups_seen(state))
+            if reached is not None:
+                reached_warm[kind].append(reached)
             warm_crossed += crossed
             if miss != expect:
                 res.notes.append(f"ANOMALY: warm stat {kind} r{r}: {miss} of {n_files} missing, expected {expect}")
             warm[kind]["mount"].append(rate)
-            rate, _, _ = warm_stat_pass(d_paths, ttl)
+            rate, _, _, _ = warm_stat_pass(d_paths, ttl)
             warm[kind]["direct"].append(rate)
     labels = {"local": "local file (n1)", "same-site": "same-site file (n2)",
               "other-site": "other-site file (n3)", "nonexistent": "nonexistent path"}
@@ -451,7 +491,8 @@ def run(args: argparse.Namespace, base: Path, holder: dict[str, Any]) -> dict[st
         res.add(f"stat cold: {labels[kind]}", "ops/s", cold[kind]["mount"], cold[kind]["direct"], n_files,
                 remote_lookups_per_op=median(remote_per_op[kind]))
     for kind in kinds:
-        res.add(f"stat warm: {labels[kind]}", "ops/s", warm[kind]["mount"], warm[kind]["direct"], n_files)
+        res.add(f"stat warm: {labels[kind]}", "ops/s", warm[kind]["mount"], warm[kind]["direct"], n_files,
+                daemon_lookups_per_op=median(reached_warm[kind]))
     res.notes.append(
         "stat cold = first os.stat of each of n distinct files (fresh files per repeat); direct cold is "
         "os.stat on the export path, whose dentries are hot (files were just created): it is the cost of "
@@ -460,10 +501,14 @@ def run(args: argparse.Namespace, base: Path, holder: dict[str, Any]) -> dict[st
     res.notes.append(
         f"stat warm = the same files stat'ed again within the TTL: each chunk is stat'ed once (untimed), "
         f"then 4 more times (timed); chunks shrink if prime+timed exceeds 0.9*attr_ttl "
-        f"(happened {warm_crossed} times).")
+        f"(happened {warm_crossed} times). daemon_lookups_per_op = lookups that reached n1's daemon per timed "
+        f"warm stat (first chunk of each repeat): 0 means the kernel answered from its own cache.")
 
     # -- create ----------------------------------------------------------------------------
-    m_rates, d_rates, remote_create = [], [], []
+    m_rates: list[float] = []
+    d_rates: list[float] = []
+    remote_create: list[float] = []
+    lookups_create: list[float] = []
     os.makedirs(mnt / "bench" / "create-mount")
     for r in range(repeats):
         md = mnt / "bench" / "create-mount" / f"r{r}"
@@ -473,6 +518,8 @@ def run(args: argparse.Namespace, base: Path, holder: dict[str, Any]) -> dict[st
         after = daemon_stats(state, ME)
         if before and after:
             remote_create.append((after["remote_queries"] - before["remote_queries"]) / n_files)
+            lookups_create.append(sum(after[k] - before[k] for k in ("cache_hits", "negative_hits", "cache_misses"))
+                                  / n_files)
         landed = export[ME] / "bench" / "create-mount" / f"r{r}" / f"c{n_files - 1:05d}"
         if not landed.exists():
             res.notes.append(f"ANOMALY: a file created through n1's mount is not in n1's export ({landed})")
@@ -480,7 +527,7 @@ def run(args: argparse.Namespace, base: Path, holder: dict[str, Any]) -> dict[st
         os.mkdir(dd)
         d_rates.append(create_pass(str(dd), n_files))
     res.add("create empty file (O_CREAT+close)", "ops/s", m_rates, d_rates, n_files,
-            remote_lookups_per_op=median(remote_create))
+            remote_lookups_per_op=median(remote_create), daemon_lookups_per_op=median(lookups_create))
     res.notes.append("create = os.open(O_CREAT|O_EXCL|O_WRONLY) + close of n new names in a fresh directory, "
                      "through n1's mount (lands in n1's export) vs directly in n1's export.")
 
@@ -584,20 +631,32 @@ def scan_logs(base: Path, name: str) -> list[str]:
     return notes
 
 
+def spread(values: list[float]) -> str:
+    """(max - min) / median of the samples, as a percentage: how noisy the row was."""
+    if len(values) < 2 or not median(values):
+        return "-"
+    return f"{100 * (max(values) - min(values)) / median(values):.0f}%"
+
+
 def print_table(doc: dict[str, Any]) -> None:
     rows = doc["results"]
     width = max(len(r["name"]) for r in rows)
+    header = (f"{'measurement':<{width}}  {'unit':>5}  {'mount':>9}  {'spread':>6}  {'direct':>9}  "
+              f"{'spread':>6}  {'ratio':>6}")
     print()
-    print(f"{'measurement':<{width}}  {'unit':>5}  {'mount':>10}  {'direct':>10}  {'ratio':>6}")
-    print("-" * (width + 40))
+    print(header)
+    print("-" * len(header))
     for r in rows:
-        print(f"{r['name']:<{width}}  {r['unit']:>5}  {fmt(r['mount']):>10}  {fmt(r['direct']):>10}  "
-              f"{fmt(r['ratio']):>6}")
-    print("-" * (width + 40))
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2g}" if r["ratio"] < 0.1 else f"{r['ratio']:.2f}"
+        print(f"{r['name']:<{width}}  {r['unit']:>5}  {fmt(r['mount']):>9}  {spread(r['samples']['mount']):>6}  "
+              f"{fmt(r['direct']):>9}  {spread(r['samples']['direct']):>6}  {ratio:>6}")
+    print("-" * len(header))
     m = doc["machine"]
-    print(f"ratio = mount / direct (higher is better, 1.00 = as fast as the export directly). "
-          f"Medians of {rows[0]['repeats']} repeats; {m['cpus']} CPUs, kernel {m['kernel']}, "
-          f"Python {m['python']}; total {doc['runtime_seconds']:.0f}s.")
+    print(f"ratio = mount / direct (1.00 = as fast as using the export directly; 0.01 = 100x slower). "
+          f"Medians of {rows[0]['repeats']} repeats; spread = (max-min)/median.\n"
+          f"{m['cpus']} CPUs ({m['cpu_model']}), kernel {m['kernel']}, Python {m['python']}, "
+          f"load {m['loadavg_at_start'][0]:.1f} -> {m['loadavg_at_end'][0]:.1f}; "
+          f"total {doc['runtime_seconds']:.0f}s.")
     print()
 
 
@@ -607,7 +666,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="300 files per location, 128 MiB read files")
     parser.add_argument("--files", type=int, help="files per location for stat/create (default 2000)")
     parser.add_argument("--size-mib", type=int, help="size of the read files in MiB (default 1024)")
-    parser.add_argument("--repeats", type=int, default=3, help="repetitions per measurement (default 3)")
+    parser.add_argument("--repeats", type=int, default=5, help="repetitions per measurement (default 5)")
     args = parser.parse_args()
     args.files = args.files or (300 if args.quick else 2000)
     args.size_mib = args.size_mib or (128 if args.quick else 1024)
@@ -625,6 +684,8 @@ def main() -> int:
     old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
     old_hup = signal.signal(signal.SIGHUP, _raise_interrupt)
     t0 = time.monotonic()
+    load_start = os.getloadavg()
+    code = code_version()
     doc: dict[str, Any] | None = None
     log_notes: list[str] = []
     try:
@@ -649,7 +710,8 @@ def main() -> int:
     runtime = time.monotonic() - t0
     doc = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "kernel": platform.release(),
-                    "cpu_model": _cpu_model(), "loadavg_at_end": os.getloadavg()},
+                    "cpu_model": _cpu_model(), "loadavg_at_start": load_start, "loadavg_at_end": os.getloadavg()},
+        "code": code,
         "cluster": doc["cluster"],
         "parameters": {"files_per_location": args.files, "read_file_mib": args.size_mib,
                        "repeats": args.repeats, "quick": args.quick, "read_size_bytes": MiB},

@@ -85,7 +85,7 @@ class RpcClient:
             with trio.move_on_after(timeout) as scope:
                 try:
                     async with self._send_lock:
-                        await self._stream.send_all(wire.encode_request(request_id, op, list(args)))
+                        await self._send_frame(wire.encode_request(request_id, op, list(args)))
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                     self._fail_all(f"send failed: {exc}")
                     raise PeerUnavailable(self.peer, f"send failed: {exc}") from None
@@ -100,6 +100,23 @@ class RpcClient:
         if isinstance(message, wire.ErrorReply):
             raise OSError(message.errno, message.message)
         raise PeerUnavailable(self.peer, pending.failure or "connection lost")
+
+    async def _send_frame(self, frame: bytes) -> None:
+        """Send a whole frame or give the connection up.
+
+        A send cut short (by a timeout or a cancelled caller) leaves part of a
+        frame on the wire; the peer would read the next request as the rest of
+        it -- and might execute a corrupted request. So the connection closes.
+        """
+        try:
+            await self._stream.send_all(frame)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            raise  # the connection is gone already; the caller reports it
+        except BaseException:
+            self._fail_all("a request was interrupted while being sent")
+            with trio.CancelScope(shield=True):
+                await self._stream.aclose()
+            raise
 
     async def receive_loop(self) -> None:
         """Dispatch replies to waiting callers until the connection ends."""

@@ -144,6 +144,13 @@ class NodeDaemon:
                                   pool, locator, nursery)
             extra["where"] = self._where(namespace)
 
+            async def set_peers(table: dict[str, list[Any]]) -> None:
+                """A node was (re)started elsewhere: learn its address and forget cached misses."""
+                pool.set_peers({name: PeerAddress(str(h), int(p)) for name, (h, p) in table.items()})
+                locator.forget_all()
+
+            extra["set_peers"] = set_peers
+
             async def stage(path: str) -> dict[str, Any]:
                 return await stage_file(namespace, service, path)
 

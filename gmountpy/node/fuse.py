@@ -16,6 +16,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import pyfuse3
 
+from ..errors import PeerUnavailable
 from .export import Attr
 from .inodes import ROOT_INODE, InodeTable
 from .namespace import FileHandle, Namespace, join
@@ -35,6 +36,10 @@ def _fuse_errors(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
             return await func(*args, **kwargs)
         except pyfuse3.FUSEError:
             raise
+        except PeerUnavailable as exc:
+            # The holder died or hangs: programs expect EIO, and get it within rpc_timeout.
+            log.warning("%s: %s", func.__name__, exc)
+            raise pyfuse3.FUSEError(errno.EIO) from None
         except OSError as exc:
             raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
         except KeyError:  # an inode or handle the kernel should no longer use

@@ -42,6 +42,7 @@ class Locator(Protocol):
     def note_removed(self, path: str) -> None: ...
     def note_renamed(self, src: str, dst: str, is_dir: bool) -> None: ...
     def invalidate(self, path: str) -> None: ...
+    def forget_all(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -216,6 +217,11 @@ class FloodLocator:
     def invalidate(self, path: str) -> None:
         self._positive.pop(path, None)
         self._negative.pop(path, None)
+
+    def forget_all(self) -> None:
+        """Drop every cached answer (the set of reachable nodes changed)."""
+        self._positive.clear()
+        self._negative.clear()
 
     def _remember_negative(self, path: str) -> None:
         if self.negative_ttl <= 0:

@@ -72,6 +72,8 @@ class PeerPool:
                 if current is not None and current.client is not None:
                     self._nursery.start_soon(current.client.aclose)
                 self._peers[name] = _Peer(address, lock=trio.Lock())
+            else:
+                current.down_until = -math.inf  # told it is (back) up: try it at once
 
     @property
     def names(self) -> list[str]:

@@ -1,0 +1,78 @@
+"""Faults: a node killed or hung never hangs anyone else; the rest keeps working."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from gmountpy import launch
+
+from .conftest import FOUR_NODE_LINKS, FOUR_NODES, fuse_problem, local_cluster, require, wait_for
+
+TUNING = "attr_ttl = 0.5\nnegative_ttl = 0.5\nrpc_timeout = 1.5\nconnect_timeout = 1.0"
+
+
+@pytest.fixture(autouse=True)
+def _needs_fuse() -> None:
+    require("FUSE", fuse_problem())
+
+
+def test_killed_node_fails_fast_and_the_rest_keeps_working(tmp_path: Path) -> None:
+    with local_cluster(tmp_path, "kill9", FOUR_NODES, FOUR_NODE_LINKS, TUNING) as cluster:
+        for node in cluster.nodes:
+            (cluster.export(node) / "shared").mkdir()
+            (cluster.export(node) / "shared" / f"from-{node}.txt").write_text(node * 4_000_000)
+        through = cluster.mount("n1") / "shared"
+        assert sorted(os.listdir(through)) == [f"from-{n}.txt" for n in cluster.nodes]
+        fd = os.open(through / "from-n3.txt", os.O_RDONLY)
+        try:
+            assert os.pread(fd, 4, 0) == b"n3n3"
+            os.kill(cluster.state.nodes["n3"].pid, signal.SIGKILL)
+            started = time.monotonic()
+            with pytest.raises(OSError) as info:
+                os.pread(fd, 4, 6_000_000)  # an open file on the dead node (not in the page cache)
+            assert info.value.errno == errno.EIO
+            assert time.monotonic() - started < 5
+        finally:
+            os.close(fd)
+        # lookups of what only n3 held: ENOENT once caches expire, quickly
+        assert wait_for(lambda: not (through / "from-n3.txt").exists(), timeout=5)
+        # everything else still works, and listings show what is reachable
+        assert (through / "from-n4.txt").read_text() == "n4" * 4_000_000
+        assert sorted(os.listdir(through)) == ["from-n1.txt", "from-n2.txt", "from-n4.txt"]
+        (through / "new-after-crash.txt").write_text("fine")
+        status = {s.name: s.up for s in launch.status("kill9")}
+        assert status == {"n1": True, "n2": True, "n3": False, "n4": True}
+        # exports are never harmed by a crash
+        assert (cluster.export("n3") / "shared" / "from-n3.txt").read_text() == "n3" * 4_000_000
+
+
+def test_hung_node_gives_eio_within_the_rpc_timeout(tmp_path: Path) -> None:
+    with local_cluster(tmp_path, "hang", FOUR_NODES, FOUR_NODE_LINKS, TUNING) as cluster:
+        (cluster.export("n4") / "slow.txt").write_text("held by n4" * 1_000_000)
+        (cluster.export("n2") / "fine.txt").write_text("held by n2")
+        through = cluster.mount("n1")
+        fd = os.open(through / "slow.txt", os.O_RDONLY)
+        pid = cluster.state.nodes["n4"].pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(OSError) as info:
+                os.pread(fd, 4, 8_000_000)
+            assert info.value.errno == errno.EIO
+            assert time.monotonic() - started < 1.5 + 2.0
+            time.sleep(0.6)  # let cached locations expire
+            started = time.monotonic()
+            assert (through / "fine.txt").read_text() == "held by n2"
+            assert sorted(os.listdir(through)) == ["fine.txt"]  # n4 is skipped, not waited for
+            assert time.monotonic() - started < 5
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            os.close(fd)
+        # once it answers again it comes back (after the retry interval)
+        assert wait_for(lambda: (through / "slow.txt").exists(), timeout=8)
