@@ -570,17 +570,22 @@ def run(args: argparse.Namespace, base: Path, holder: dict[str, Any]) -> dict[st
             record(f"{kind} reread (keep_cache)", "direct", v, frac)
             # mount, every cache dropped: FUSE pages and the export file's pages
 
-            def drop_both(fd: int, e_path: str = e_path) -> None:
+            export_left: list[float | None] = []
+
+            def drop_both(fd: int, e_path: str = e_path, export_left: list[float | None] = export_left) -> None:
                 drop_cache(fd)
                 efd = os.open(e_path, os.O_RDONLY)
                 try:
                     drop_cache(efd)
+                    pages = cached_pages(efd)
+                    export_left.append(None if pages is None else pages * os.sysconf("SC_PAGE_SIZE") / size)
                 finally:
                     os.close(efd)
 
             v, got, frac = timed_read(m_path, buf, before=drop_both)
             check(got, m_path)
             record(f"{kind} cold (all caches dropped)", "mount", v, frac)
+            cache_seen.setdefault(f"{kind} cold: export cached [mount]", []).extend(export_left)
     order = ["first read (FUSE cache cold, export cached)", "cold (all caches dropped)", "reread (keep_cache)"]
     cache_summary = {k: [None if f is None else round(f, 3) for f in v] for k, v in cache_seen.items()}
     for kind, (node, _) in big.items():
@@ -609,6 +614,9 @@ def run(args: argparse.Namespace, base: Path, holder: dict[str, Any]) -> dict[st
     export_cached = cache_summary.get("local first read: export cached [mount]", []) + \
         cache_summary.get("remote first read: export cached [mount]", [])
     res.notes.append(f"export file cached fraction after each 'first read' through the mount: {export_cached}")
+    export_dropped = cache_summary.get("local cold: export cached [mount]", []) + \
+        cache_summary.get("remote cold: export cached [mount]", [])
+    res.notes.append(f"export file cached fraction at the start of each 'cold' read through the mount: {export_dropped}")
 
     # -- evidence from the daemons --------------------------------------------------------
     stats = {n: daemon_stats(state, n) for n in spec.nodes}

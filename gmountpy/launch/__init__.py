@@ -1,15 +1,19 @@
 """Bringing clusters up and down: `up`, `down`, `status`.
 
 The launcher named in the cluster file decides how daemons start ("local":
-processes on this machine); the sequence is shared (orchestrate.py).
+processes on this machine; "ssh": over SSH, see ssh.py); the sequence is
+shared (orchestrate.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import secrets
+from collections.abc import Coroutine
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from ..client import ping_all, run_sync
 from ..config import ClusterSpec
@@ -21,32 +25,95 @@ from ..state import ClusterState, NodeRecord
 
 __all__ = ["ClusterState", "LaunchError", "NodeRecord", "NodeStatus", "down", "status", "up"]
 
+T = TypeVar("T")
 
-def up(spec: ClusterSpec, *, progress: Progress | None = None) -> ClusterState:
-    """Start every node's daemon and wait until every mount is ready."""
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    """asyncio.run, also when called inside a running event loop (Jupyter): then in a worker thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def up(spec: ClusterSpec, *, progress: Progress | None = None, keep_going: bool = False) -> ClusterState:
+    """Start every node's daemon and wait until every mount is ready.
+
+    If a node fails, the daemons already started are stopped and LaunchError
+    lists one line per failed node. With keep_going the others stay up, are
+    recorded (so `down` stops them), and LaunchError.running is that cluster.
+    """
     existing = state_store.load(spec.name)
     if existing is not None:
-        alive = [n for n, r in existing.nodes.items() if pid_is_daemon(r.pid)]
-        if alive:
-            raise GmountError(f"cluster {spec.name!r} is already up (nodes {', '.join(alive)}): "
-                              f"run `gmount down` first")
-        stop_local(existing)  # a crashed cluster: clear stale mounts before reusing them
-        state_store.remove(spec.name)
-    if spec.launcher != "local":
-        raise GmountError(f"launcher {spec.launcher!r} is not available in this version; use launcher = \"local\"")
+        _clear_previous(existing)
     secret = secrets.token_bytes(32)
-    state = asyncio.run(start_cluster(spec, spawn_local, secret, progress=progress))
+    if spec.launcher == "ssh":
+        from .ssh import start_ssh_cluster  # asyncssh is only imported when it is used
+
+        launching = start_ssh_cluster(spec, secret, progress=progress, keep_going=keep_going)
+    else:
+        launching = start_cluster(spec, spawn_local, secret, progress=progress, keep_going=keep_going)
+    try:
+        state = _run(launching)
+    except LaunchError as exc:
+        if exc.running is not None:
+            state_store.save(exc.running, secret)
+        raise
     state_store.save(state, secret)
     return state
 
 
-def down(name: str) -> dict[str, str]:
-    """Stop every daemon and unmount; exports are left as they are. Safe to run twice."""
+def _clear_previous(existing: ClusterState) -> None:
+    """Refuse if a recorded cluster of that name still runs; otherwise clear what a crash left behind."""
+    name = existing.name
+    if existing.spec.launcher == "ssh":
+        from .ssh import NodeCheck, inspect_ssh_cluster, stop_ssh_cluster
+
+        checks = _run(inspect_ssh_cluster(existing))
+        alive = [n for n, c in checks.items() if isinstance(c, NodeCheck) and c.alive]
+        if alive:
+            raise GmountError(f"cluster {name!r} is already up (nodes {', '.join(alive)}): run `gmount down` first")
+        unknown = {n: c for n, c in checks.items() if isinstance(c, str)}
+        if unknown:
+            node, why = next(iter(unknown.items()))
+            raise GmountError(f"cluster {name!r} may still be up on {', '.join(unknown)} ({node}: {why}): "
+                              f"run `gmount down` once they are reachable, or `gmount down --forget`")
+        _run(stop_ssh_cluster(existing))  # a crashed cluster: clear stale mounts before reusing them
+    else:
+        alive = [n for n, r in existing.nodes.items() if pid_is_daemon(r.pid)]
+        if alive:
+            raise GmountError(f"cluster {name!r} is already up (nodes {', '.join(alive)}): "
+                              f"run `gmount down` first")
+        stop_local(existing)  # a crashed cluster: clear stale mounts before reusing them
+    state_store.remove(name)
+
+
+def down(name: str, *, progress: Progress | None = None, forget: bool = False) -> dict[str, str]:
+    """Stop every daemon and unmount; exports are left as they are. Safe to run twice.
+
+    Returns node -> problem. Over SSH, nodes that could not be reached stay
+    recorded so that running `down` again finishes the job; `forget` drops
+    them from the record anyway.
+    """
     state = state_store.load(name)
     if state is None:
         return {}
-    problems = stop_local(state)
-    state_store.remove(name)
+    if state.spec.launcher != "ssh":
+        problems = stop_local(state)
+        state_store.remove(name)
+        return problems
+    from .ssh import stop_ssh_cluster
+
+    problems, unreachable = _run(stop_ssh_cluster(state, progress=progress))
+    if unreachable and not forget:
+        left = {n: r for n, r in state.nodes.items() if n in unreachable}
+        state_store.save(ClusterState(state.spec, left, state.started), state_store.load_secret(name))
+        for node in unreachable:
+            problems[node] += "; still recorded: run `gmount down` again when it is reachable (or --forget)"
+    else:
+        state_store.remove(name)
     return problems
 
 
@@ -75,4 +142,34 @@ def status(name: str) -> list[NodeStatus]:
         detail = "ok" if up_now else (answer if isinstance(answer, str) else "not mounted")
         result.append(NodeStatus(node, record.site, record.pid, f"{record.host}:{record.port}",
                                  record.mountpoint, up_now, detail))
+    if state.spec.launcher == "ssh" and not all(n.up for n in result):
+        result = _explain_over_ssh(state, result)
     return result
+
+
+def _explain_over_ssh(state: ClusterState, result: list[NodeStatus]) -> list[NodeStatus]:
+    """A daemon that does not answer here may still run: ask its host over SSH, say which it is."""
+    from .ssh import inspect_ssh_cluster
+
+    down_nodes = [n.name for n in result if not n.up]
+    checks = _run(inspect_ssh_cluster(state, down_nodes))
+    explained = []
+    for n in result:
+        check = checks.get(n.name)
+        if n.up or check is None:
+            explained.append(n)
+            continue
+        record = state.nodes[n.name]
+        if isinstance(check, str):
+            detail = f"no answer at {n.address} ({n.detail}); over SSH: {check}"
+        elif check.alive and check.mounted:
+            detail = (f"daemon pid {n.pid} runs and {record.mountpoint} is mounted, but it does not answer "
+                      f"at {n.address} from here ({n.detail}): a firewall between here and the node?")
+        elif check.alive:
+            detail = f"daemon pid {n.pid} runs but {record.mountpoint} is not mounted: see its log {record.log}"
+        elif check.mounted:
+            detail = f"daemon pid {n.pid} is gone and {record.mountpoint} is a stale mount: run `gmount down`"
+        else:
+            detail = f"daemon pid {n.pid} is gone: see its log {record.log}, then `gmount down` and `gmount up`"
+        explained.append(NodeStatus(n.name, n.site, n.pid, n.address, n.mountpoint, False, detail))
+    return explained

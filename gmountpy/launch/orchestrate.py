@@ -165,11 +165,12 @@ async def start_cluster(
     for entry in started.values():
         await entry.process.release()
 
+    order = {name: i for i, name in enumerate(spec.nodes)}
     records = {
         name: NodeRecord(name=name, site=e.spec.site, pid=e.pid, host=addresses[name][0], port=e.port,  # type: ignore[arg-type]
                          mountpoint=e.spec.mountpoint, export=e.spec.export,
                          log=_log_path(spec.name, e.spec), ssh=e.spec.host)
-        for name, e in started.items()
+        for name, e in sorted(started.items(), key=lambda item: order[item[0]])  # spec order, not finish order
     }
     state = ClusterState(spec, records, time.time())
     if failures:

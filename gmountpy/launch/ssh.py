@@ -52,6 +52,7 @@ __all__ = [
 ]
 
 _SESSIONS_PER_CONNECTION = 8
+_DAEMON_REQUIRES = ("pyfuse3", "trio", "msgpack", "networkx")  # what `python -m gmountpy.node` imports
 _SPAWNED = "GMOUNT SPAWNED "
 
 
@@ -408,9 +409,20 @@ _PREFLIGHT = r'''
 import errno, json, os, socket, sys
 P = json.loads(@PARAMS@)
 R = {"python": "%d.%d.%d" % tuple(sys.version_info[:3]), "executable": sys.executable, "nodes": {}}
+# Locate gmountpy and its dependencies without importing them (networkx alone takes a while).
 try:
-    import gmountpy
-    R["version"] = getattr(gmountpy, "__version__", "unknown")
+    import importlib.util
+    found = importlib.util.find_spec("gmountpy")
+    if found is None or not found.origin:
+        R["import_error"] = "ModuleNotFoundError: No module named 'gmountpy'"
+    else:
+        scope = {}
+        with open(os.path.join(os.path.dirname(found.origin), "_version.py")) as f:
+            exec(f.read(), scope)
+        R["version"] = scope.get("__version__", "unknown")
+        missing = [m for m in P["requires"] if importlib.util.find_spec(m) is None]
+        if missing:
+            R["import_error"] = "gmountpy is there but not %s" % ", ".join(missing)
 except Exception as e:
     R["import_error"] = "%s: %s" % (type(e).__name__, e)
 
@@ -507,7 +519,7 @@ sys.stdout.write("GMOUNT PREFLIGHT " + json.dumps(R) + "\n")
 
 async def _preflight_python(link: _Link, python: str, nodes: Sequence[NodeSpec]) -> dict[str, str | None]:
     """Run the check with one interpreter for some nodes of a link; node -> problem or None."""
-    params = {"nodes": [{"name": n.name, "export": n.export, "mountpoint": n.mountpoint,
+    params = {"requires": list(_DAEMON_REQUIRES), "nodes": [{"name": n.name, "export": n.export, "mountpoint": n.mountpoint,
                          "listen": n.listen, "port": n.port} for n in nodes]}
     script = _PREFLIGHT.replace("@PARAMS@", repr(json.dumps(params)))
     where = link.dest.label

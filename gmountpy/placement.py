@@ -1,0 +1,106 @@
+"""Choosing the node for a job: Pwrake's locality rule, as a pure function.
+
+No I/O here: the caller gathers who holds which input (`where`), the slots
+and the jobs running, and the RTT estimates; this module only decides. That
+keeps the rule testable on synthetic holdings (tests/test_placement.py).
+
+The rule (DESIGN.md, "Placement rule"), made precise:
+
+1. A node's *score* is the number of input bytes it holds (a replica counts
+   for the node it is on: that node reads it locally).
+2. *Candidates* are the nodes whose score is at least half the best score.
+3. Among candidates, nodes with a free slot are preferred (if none has one,
+   all candidates stay in: the job waits for, or oversubscribes, a slot).
+4. Then the lowest *remote cost*: for every located input the node does not
+   hold, its size times the RTT to its nearest holder -- what reading the rest
+   of the inputs through the mount costs, since every remote read is an RPC
+   paying that RTT and the number of reads grows with the bytes.
+5. Remaining ties: higher score, more inputs held (so zero-byte inputs still
+   pull a job towards their holder), lower load (running / slots), then the
+   order of the nodes in the cluster file -- deterministic, never random.
+
+A job with no located input goes to the least loaded node (lowest
+running/slots, then most free slots, then cluster-file order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = ["Decision", "choose_node"]
+
+#: holdings[input][node] = bytes of `input` that `node` holds
+Holdings = Mapping[str, Mapping[str, int]]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The chosen node and the numbers that led to it."""
+
+    node: str
+    reason: str
+    scores: Mapping[str, int]          # input bytes held, per node
+    candidates: tuple[str, ...]        # nodes within half of the best score
+    remote_cost: Mapping[str, float]   # bytes x ms still to read remotely, per node
+    unlocated: tuple[str, ...]         # inputs no node holds (ignored by the rule)
+
+
+def choose_node(holdings: Holdings, nodes: Sequence[str], *, slots: Mapping[str, int],
+                running: Mapping[str, int], rtt: Callable[[str, str], float]) -> Decision:
+    """Pick the node for a job whose inputs are held as `holdings` says.
+
+    `nodes` is every node in cluster-file order; `slots` and `running` give
+    each node's job slots and the jobs running there now (missing = 1 slot,
+    0 running); `rtt(a, b)` is the estimated round trip in ms.
+    """
+    if not nodes:
+        raise ValueError("`nodes` must not be empty")
+    known = set(nodes)
+    for path, held in holdings.items():
+        for node, size in held.items():
+            if node not in known:
+                raise ValueError(f"input {path!r} is held by unknown node {node!r}")
+            if size < 0:
+                raise ValueError(f"input {path!r} has a negative size on node {node!r}: {size}")
+    order = {node: i for i, node in enumerate(nodes)}
+
+    def free(node: str) -> int:
+        return slots.get(node, 1) - running.get(node, 0)
+
+    def load(node: str) -> float:
+        return running.get(node, 0) / max(slots.get(node, 1), 1)
+
+    located = {path: held for path, held in holdings.items() if held}
+    unlocated = tuple(path for path, held in holdings.items() if not held)
+    scores = {node: sum(held.get(node, 0) for held in located.values()) for node in nodes}
+    inputs_held = {node: sum(1 for held in located.values() if node in held) for node in nodes}
+    remote_cost = {node: _remote_cost(node, located, rtt) for node in nodes}
+
+    if not located:
+        chosen = min(nodes, key=lambda n: (load(n), -free(n), order[n]))
+        return Decision(chosen, "no located inputs: least loaded node", scores, tuple(nodes),
+                        remote_cost, unlocated)
+
+    best = max(scores.values())
+    candidates = tuple(n for n in nodes if 2 * scores[n] >= best)
+    with_free = tuple(n for n in candidates if free(n) > 0)
+    pool = with_free or candidates
+    chosen = min(pool, key=lambda n: (remote_cost[n], -scores[n], -inputs_held[n], load(n), order[n]))
+
+    total = sum(max(held.values()) for held in located.values())
+    share = f"{scores[chosen] / total:.0%}" if total else "all"
+    reason = f"holds {share} of the input bytes ({scores[chosen]} of {total})"
+    if len(candidates) > 1:
+        reason += f"; {len(candidates)} candidates within half of the best"
+    reason += "; has a free slot" if with_free else "; no candidate has a free slot"
+    return Decision(chosen, reason, scores, candidates, remote_cost, unlocated)
+
+
+def _remote_cost(node: str, located: Holdings, rtt: Callable[[str, str], float]) -> float:
+    cost = 0.0
+    for held in located.values():
+        if node not in held:
+            size = max(held.values())
+            cost += size * min(rtt(node, holder) for holder in held)
+    return cost
