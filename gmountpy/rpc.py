@@ -18,6 +18,7 @@ import hashlib
 import hmac
 import logging
 import os
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,7 +61,7 @@ async def _receive_message(stream: trio.abc.Stream, decoder: wire.FrameDecoder) 
 class RpcClient:
     """One authenticated connection to a peer; `call` may be used concurrently."""
 
-    def __init__(self, stream: trio.SocketStream, peer: str, decoder: wire.FrameDecoder) -> None:
+    def __init__(self, stream: trio.abc.Stream, peer: str, decoder: wire.FrameDecoder) -> None:
         self.peer = peer
         self._stream = stream
         self._decoder = decoder
@@ -172,12 +173,20 @@ async def connect(
     name: str,
     peer: str,
     timeout: float = 3.0,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> RpcClient:
-    """Open and authenticate a connection; its reader runs in `nursery`."""
-    stream: trio.SocketStream | None = None
+    """Open and authenticate a connection; its reader runs in `nursery`.
+
+    With `ssl_context` the connection is TLS, and the peer's certificate must
+    name `peer` and be signed by the cluster CA.
+    """
+    stream: trio.abc.Stream | None = None
     try:
         with trio.fail_after(timeout):
             stream = await trio.open_tcp_stream(host, port)
+            if ssl_context is not None:
+                stream = trio.SSLStream(stream, ssl_context, server_hostname=peer, https_compatible=False)
+                await stream.do_handshake()
             decoder = wire.FrameDecoder()
             hello = await _receive_message(stream, decoder)
             if not isinstance(hello, wire.Hello) or hello.fields.get("proto") != PROTO:
@@ -236,7 +245,7 @@ class Session:
 Dispatch = Callable[[Session, str, list[Any]], Awaitable[Any]]
 
 
-async def _authenticate(stream: trio.SocketStream, secret: bytes, name: str) -> tuple[str, wire.FrameDecoder]:
+async def _authenticate(stream: trio.abc.Stream, secret: bytes, name: str) -> tuple[str, wire.FrameDecoder]:
     decoder = wire.FrameDecoder()
     server_nonce = os.urandom(32)
     await stream.send_all(wire.encode_hello({"proto": PROTO, "v": wire.VERSION, "node": name, "nonce": server_nonce}))
@@ -254,23 +263,29 @@ async def _authenticate(stream: trio.SocketStream, secret: bytes, name: str) -> 
     return peer, decoder
 
 
-async def handle_connection(stream: trio.SocketStream, dispatch: Dispatch, *, secret: bytes, name: str) -> None:
+async def handle_connection(stream: trio.SocketStream, dispatch: Dispatch, *, secret: bytes, name: str,
+                            ssl_context: ssl.SSLContext | None = None) -> None:
     """Serve one connection: authenticate, then run each request in its own task.
 
     Nothing that happens on one connection may take the daemon down.
     """
     try:
-        await _handle_connection(stream, dispatch, secret=secret, name=name)
+        await _handle_connection(stream, dispatch, secret=secret, name=name, ssl_context=ssl_context)
     except Exception:
         log.exception("connection handler failed; connection closed")
         with trio.CancelScope(shield=True):
             await stream.aclose()
 
 
-async def _handle_connection(stream: trio.SocketStream, dispatch: Dispatch, *, secret: bytes, name: str) -> None:
-    address = _remote_address(stream)
+async def _handle_connection(tcp: trio.SocketStream, dispatch: Dispatch, *, secret: bytes, name: str,
+                             ssl_context: ssl.SSLContext | None) -> None:
+    address = _remote_address(tcp)
+    stream: trio.abc.Stream = tcp
     try:
         with trio.fail_after(HANDSHAKE_TIMEOUT):
+            if ssl_context is not None:
+                stream = trio.SSLStream(tcp, ssl_context, server_side=True, https_compatible=False)
+                await stream.do_handshake()
             peer, decoder = await _authenticate(stream, secret, name)
     except (trio.TooSlowError, wire.ProtocolError, AuthenticationFailed,
             trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
@@ -344,11 +359,12 @@ async def serve(
     *,
     secret: bytes,
     name: str,
+    ssl_context: ssl.SSLContext | None = None,
     task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen on host:port (only there) and serve connections forever."""
 
     async def handler(stream: trio.SocketStream) -> None:
-        await handle_connection(stream, dispatch, secret=secret, name=name)
+        await handle_connection(stream, dispatch, secret=secret, name=name, ssl_context=ssl_context)
 
     await trio.serve_tcp(handler, port, host=host, task_status=task_status)

@@ -34,6 +34,7 @@ from .._version import __version__
 from ..config import ClusterSpec
 from ..errors import GmountError
 from ..overlay import Overlay
+from ..tls import NodeCredentials, client_context, server_context
 from .export import Export
 from .fuse import GmountOperations
 from .locator import FloodLocator
@@ -93,8 +94,10 @@ def _prepare_dirs(export: str, mountpoint: str) -> None:
 
 
 class NodeDaemon:
-    def __init__(self, spec: ClusterSpec, me: str, secret: bytes) -> None:
+    def __init__(self, spec: ClusterSpec, me: str, secret: bytes,
+                 credentials: NodeCredentials | None = None) -> None:
         self.spec = spec
+        self.credentials = credentials
         self.me = me
         self.node = spec.node(me)
         self.secret = secret
@@ -135,8 +138,12 @@ class NodeDaemon:
                               ReplicaTable(replica_table_path(self.spec.name, self.me)))
         tuning = self.spec.tuning
         async with trio.open_nursery() as nursery:
+            server_tls = client_tls = None
+            if self.credentials is not None:
+                server_tls = server_context(self.credentials)
+                client_tls = client_context(self.credentials.ca)
             pool = PeerPool(self.me, service, self.secret, nursery, rpc_timeout=tuning.rpc_timeout,
-                            connect_timeout=tuning.connect_timeout)
+                            connect_timeout=tuning.connect_timeout, ssl_context=client_tls)
             pool.set_peers(peers)
             locator = FloodLocator(pool, self.overlay.lookup_tiers(self.me), ttl=tuning.attr_ttl,
                                    negative_ttl=tuning.negative_ttl)
@@ -160,7 +167,8 @@ class NodeDaemon:
             listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
 
             async def handler(stream: trio.SocketStream) -> None:
-                await rpc.handle_connection(stream, service.dispatch, secret=self.secret, name=self.me)
+                await rpc.handle_connection(stream, service.dispatch, secret=self.secret, name=self.me,
+                                            ssl_context=server_tls)
 
             nursery.start_soon(trio.serve_listeners, handler, [listener])
 
@@ -240,7 +248,9 @@ def main() -> int:
         if not isinstance(message, dict) or "peers" not in message:
             raise GmountError("launcher went away before sending the peer table")
         peers = {name: PeerAddress(h, int(p)) for name, (h, p) in message["peers"].items()}
-        daemon = NodeDaemon(spec, me, secret)
+        tls = config.get("tls")
+        credentials = NodeCredentials(tls["ca"], tls["cert"], tls["key"]) if tls else None
+        daemon = NodeDaemon(spec, me, secret, credentials)
     except (GmountError, OSError, ValueError, KeyError) as exc:
         log.error("startup failed: %s", exc)
         _say(out, "ERROR", str(exc) or type(exc).__name__)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import logging
 import math
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,8 +52,10 @@ class PeerPool:
         rpc_timeout: float = 5.0,
         connect_timeout: float = 3.0,
         retry_after: float = 2.0,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.me = me
+        self._ssl_context = ssl_context
         self._service = service
         self._local_session = rpc.Session(me)
         self._secret = secret
@@ -112,7 +115,7 @@ class PeerPool:
             try:
                 peer.client = await rpc.connect(
                     self._nursery, peer.address.host, peer.address.port, secret=self._secret,
-                    name=self.me, peer=node, timeout=self.connect_timeout)
+                    name=self.me, peer=node, timeout=self.connect_timeout, ssl_context=self._ssl_context)
             except PeerUnavailable as exc:
                 self._mark_down(node, exc.reason)
                 raise
