@@ -55,10 +55,11 @@ class GmountOperations(pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = False
 
-    def __init__(self, namespace: Namespace, attr_ttl: float) -> None:
+    def __init__(self, namespace: Namespace, attr_ttl: float, negative_ttl: float = 0.0) -> None:
         super().__init__()
         self.ns = namespace
         self.ttl = attr_ttl
+        self.negative_ttl = negative_ttl
         self.inodes = InodeTable()
         self._files: dict[int, FileHandle] = {}
         self._dirs: dict[int, tuple[str, list[tuple[str, Any]] | None]] = {}
@@ -106,7 +107,16 @@ class GmountOperations(pyfuse3.Operations):
             path = parent.rsplit("/", 1)[0] or "/"
         else:
             path = join(parent, os.fsdecode(name))
-        location = await self.ns.lookup(path)
+        try:
+            location = await self.ns.lookup(path)
+        except FileNotFoundError:
+            if self.negative_ttl <= 0:
+                raise
+            # st_ino 0: the kernel caches "no such file" for negative_ttl (PATH searches, imports, make)
+            missing = pyfuse3.EntryAttributes()
+            missing.st_ino = 0
+            missing.entry_timeout = self.negative_ttl
+            return missing
         return self._entry(self.inodes.remember(path), location.attr)
 
     def forget(self, inode_list: list[tuple[int, int]]) -> None:  # type: ignore[override]
