@@ -13,6 +13,9 @@ from hypothesis import strategies as st
 from gmountpy import wire
 from gmountpy.wire import ErrorReply, FrameDecoder, Hello, ProtocolError, Reply, Request
 
+# Timing is not what these tests check, and a loaded CI machine is slow.
+no_deadline = settings(deadline=None)
+
 # ---------------------------------------------------------------- strategies
 
 ids = st.integers(min_value=0, max_value=2**63 - 1)
@@ -45,11 +48,13 @@ def decode_all(data: bytes) -> list[wire.Message]:
 # ---------------------------------------------------------------- round trips
 
 
+@no_deadline
 @given(messages)
 def test_every_message_kind_round_trips(message: wire.Message) -> None:
     assert decode_all(wire.encode(message)) == [message]
 
 
+@no_deadline
 @given(requests)
 def test_encode_request_matches_generic_encode(message: Request) -> None:
     assert wire.encode_request(message.id, message.op, message.args) == wire.encode(message)
@@ -93,6 +98,7 @@ def test_encode_refuses_an_oversized_frame() -> None:
         wire.encode_reply(1, bytes(wire.MAX_FRAME))
 
 
+@no_deadline
 @given(st.lists(fs_names, min_size=1, max_size=5))
 def test_non_utf8_file_names_survive_a_round_trip(names: list[str]) -> None:
     """A file named with bytes that are not UTF-8 must stay reachable (and its directory listable)."""
@@ -112,6 +118,7 @@ def test_invalid_utf8_in_a_received_string_decodes_with_surrogates() -> None:
 # ---------------------------------------------------------------- framing
 
 
+@no_deadline
 @given(st.lists(messages, max_size=8), st.data())
 def test_any_chunking_yields_the_same_messages(batch: list[wire.Message], data: st.DataObject) -> None:
     frames = [wire.encode(m) for m in batch]
@@ -127,6 +134,7 @@ def test_any_chunking_yields_the_same_messages(batch: list[wire.Message], data: 
     assert decoder.pending == 0
 
 
+@no_deadline
 @given(messages, st.data())
 def test_a_truncated_frame_waits_for_the_rest(message: wire.Message, data: st.DataObject) -> None:
     frame = wire.encode(message)
@@ -211,7 +219,7 @@ def test_malformed_bodies_raise_protocol_error(body: bytes) -> None:
         FrameDecoder().feed(wire.HEADER.pack(wire.VERSION, len(body)) + body)
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=200))
 def test_fuzz_decode_body_only_raises_protocol_error(payload: bytes) -> None:
     try:
@@ -221,7 +229,7 @@ def test_fuzz_decode_body_only_raises_protocol_error(payload: bytes) -> None:
     assert isinstance(message, Request | Reply | ErrorReply | Hello)
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.binary(max_size=64) | st.builds(lambda v, n: wire.HEADER.pack(v, n), st.sampled_from([1, 1, 1, 0, 2]),
                                                       st.integers(min_value=0, max_value=80)), max_size=10))
 def test_fuzz_feed_only_yields_messages_or_protocol_error(chunks: list[bytes]) -> None:
@@ -242,7 +250,7 @@ def shaped_garbage() -> st.SearchStrategy[Any]:
         lambda rest: st.sampled_from([0, 1, 2, 3, 4, -1, True]).map(lambda kind: [kind, *rest]))
 
 
-@settings(max_examples=150)
+@settings(max_examples=150, deadline=None)
 @given(shaped_garbage())
 def test_fuzz_well_formed_msgpack_of_the_wrong_shape(body: list[Any]) -> None:
     payload = msgpack.packb(body, use_bin_type=True)

@@ -206,8 +206,12 @@ class Export:
 
     def rename(self, src: str, dst: str) -> None:
         """rename(2) inside this export (atomic); creates the destination's parents."""
-        with self._parent(src) as (src_fd, src_name), self._parent(dst, create=True) as (dst_fd, dst_name):
-            os.rename(src_name, dst_name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+        with self._parent(src) as (src_fd, src_name):
+            # A missing source must fail before the destination's parents are made, or a
+            # failed rename would leave stray directories behind.
+            os.stat(src_name, dir_fd=src_fd, follow_symlinks=False)
+            with self._parent(dst, create=True) as (dst_fd, dst_name):
+                os.rename(src_name, dst_name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
 
     def chmod(self, path: str, mode: int) -> Attr:
         with self._parent(path) as (fd, name):

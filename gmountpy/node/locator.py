@@ -88,14 +88,17 @@ class FloodLocator:
         if expires is not None and expires > now:
             self._negative_hits += 1
             return None
-        flight = self._inflight.get(path)
-        if flight is not None:  # someone is already searching: share the answer
+        while (flight := self._inflight.get(path)) is not None:  # someone is already searching
             await flight.done.wait()
-            return flight.result
+            if flight.finished:
+                return flight.result
+            # That search was cancelled (an interrupted caller) or failed: its "no answer" is
+            # not a "no such file", so search again rather than report ENOENT.
         self._misses += 1
         flight = self._inflight[path] = _Flight()
         try:
             flight.result = await self._search(path)
+            flight.finished = True
         finally:
             del self._inflight[path]
             flight.done.set()
@@ -239,4 +242,5 @@ class FloodLocator:
 class _Flight:
     def __init__(self) -> None:
         self.done = trio.Event()
+        self.finished = False  # False when done because the searching task was cancelled or failed
         self.result: Location | None = None

@@ -241,7 +241,10 @@ class Namespace:
                 if not location.attr.is_dir:
                     await self.peers.call(location.node, "unlink", path)
         finally:
-            self.locator.note_removed(path)
+            if any(location.attr.is_dir for location in holders):
+                self.locator.invalidate(path)  # a directory of that name remains elsewhere
+            else:
+                self.locator.note_removed(path)
 
     async def rmdir(self, path: str) -> None:
         holders = [loc for loc in await self.where(path) if loc.attr.is_dir]
@@ -295,6 +298,9 @@ class Namespace:
                 raise NotADirectoryError(errno.ENOTDIR, f"{dst} is not a directory (on node {target.node})")
             if target.node not in source_nodes:
                 raise OSError(errno.EXDEV, f"{dst} exists on node {target.node}, which lacks {src}")
+        for target in targets:  # rename(2) semantics: check everywhere first, then change anything
+            if await self.peers.call(target.node, "listdir", dst):
+                raise OSError(errno.ENOTEMPTY, f"{dst} is not empty (on node {target.node})")
         for location in sources:
             if location.attr.is_dir:
                 await self.peers.call(location.node, "rename", src, dst)

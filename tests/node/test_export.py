@@ -331,6 +331,12 @@ def test_rename_creates_destination_parents(export: Export, root: Path) -> None:
     assert not (root / "anything").exists()
 
 
+def test_a_failed_rename_makes_no_destination_directories(export: Export, root: Path) -> None:
+    raises_errno(errno.ENOENT, export.rename, "/missing", "/new/parents/dst")
+    raises_errno(errno.ENOENT, export.rename, "/no/such/dir/src", "/new/parents/dst")
+    assert not (root / "new").exists()
+
+
 def test_chmod(export: Export, root: Path, outside: Path) -> None:
     (root / "f").touch()
     attr = export.chmod("/f", 0o600)
