@@ -267,16 +267,14 @@ class GmountOperations(pyfuse3.Operations):
     @_fuse_errors
     async def release(self, fh: int) -> None:
         handle = self._files.pop(fh)
-        await self.ns.release(handle)
-        if handle.wrote:
-            inode = self.inodes.inode(handle.path)
-            if inode is not None:
-                # Our own writes changed mtime; remember the new version so our next open keeps the cache.
-                try:
-                    attr = await self.ns.lookup(handle.path)
-                    self._opened_version[inode] = (attr.attr.size, attr.attr.mtime_ns)
-                except OSError:
-                    self._opened_version.pop(inode, None)
+        final = await self.ns.release(handle)
+        inode = self.inodes.inode(handle.path)
+        if handle.wrote and inode is not None:
+            # Our own writes changed mtime: remember the new version so our next open keeps the cache.
+            if final is None:
+                self._opened_version.pop(inode, None)
+            else:
+                self._opened_version[inode] = (final.size, final.mtime_ns)
 
     # -- extended attributes ----------------------------------------------------------
 

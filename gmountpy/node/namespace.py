@@ -182,11 +182,14 @@ class Namespace:
 
     async def write(self, handle: FileHandle, offset: int, data: bytes) -> int:
         handle.wrote = True
-        self.locator.invalidate(handle.path)
         if handle.reader is not None:
             handle.reader.invalidate()
         if handle.fd is not None:
-            return os.pwrite(handle.fd, data, offset)
+            written = os.pwrite(handle.fd, data, offset)
+            # fstat is cheap locally: keep the cached location with fresh attributes, no new search
+            self.locator.learn(handle.path, Location(self.me, Attr.from_stat(os.fstat(handle.fd))))
+            return written
+        self.locator.invalidate(handle.path)
         written = 0
         view = memoryview(data)
         while written < len(data):
@@ -205,18 +208,25 @@ class Namespace:
             return Attr.from_stat(os.fstat(handle.fd))
         return Attr.from_wire(await self.peers.call(handle.node, "fstat", handle.remote))
 
-    async def release(self, handle: FileHandle) -> None:
-        if handle.wrote:
-            self.locator.invalidate(handle.path)
+    async def release(self, handle: FileHandle) -> Attr | None:
+        """Close the handle; if it wrote, return the file's final attributes (None if unknown)."""
+        final: Attr | None = None
         if handle.fd is not None:
+            if handle.wrote:
+                final = Attr.from_stat(os.fstat(handle.fd))
+                self.locator.learn(handle.path, Location(self.me, final))
             os.close(handle.fd)
-            return
+            return final
         if handle.reader is not None:
             handle.reader.close()
         try:
+            if handle.wrote:
+                final = Attr.from_wire(await self.peers.call(handle.node, "fstat", handle.remote))
+                self.locator.invalidate(handle.path)
             await self.peers.call(handle.node, "close", handle.remote)
         except OSError:
             pass  # the holder is gone; its side closed with the connection
+        return final
 
     # -- namespace changes ---------------------------------------------------
 
