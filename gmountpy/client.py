@@ -7,6 +7,7 @@ code; it authenticates with the cluster secret like any peer.
 from __future__ import annotations
 
 import errno
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -14,7 +15,8 @@ import trio
 
 from . import rpc
 from .errors import PeerUnavailable
-from .state import ClusterState, load_secret
+from .state import ClusterState, load_secret, load_tls
+from .tls import client_context
 
 T = TypeVar("T")
 
@@ -22,6 +24,14 @@ T = TypeVar("T")
 def run_sync(func: Callable[..., Awaitable[T]], *args: Any) -> T:
     """Run a trio coroutine function to completion from synchronous code."""
     return trio.run(func, *args)
+
+
+def client_ssl(state: ClusterState) -> ssl.SSLContext | None:
+    """The TLS context for talking to this cluster's daemons (None when it does not use TLS)."""
+    if not state.spec.tls:
+        return None
+    ca_pem, _ = load_tls(state.name)
+    return client_context(ca_pem)
 
 
 async def call(state: ClusterState, node: str, op: str, *args: Any, timeout: float = 10.0,
@@ -32,7 +42,7 @@ async def call(state: ClusterState, node: str, op: str, *args: Any, timeout: flo
     key = secret if secret is not None else load_secret(state.name)
     async with trio.open_nursery() as nursery:
         client = await rpc.connect(nursery, record.host, record.port, secret=key, name="gmount-cli",
-                                   peer=node, timeout=min(timeout, 3.0))
+                                   peer=node, timeout=min(timeout, 3.0), ssl_context=client_ssl(state))
         try:
             return await client.call(op, *args, timeout=timeout)
         finally:

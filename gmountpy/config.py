@@ -23,7 +23,7 @@ _PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
 _PLACEHOLDERS = ("node", "site", "cluster")
 LAUNCHERS = ("local", "ssh")
 
-_TOP_KEYS = ("name", "launcher", "intra_site_rtt_ms", "defaults", "nodes", "sites", "links", "tuning", "ssh")
+_TOP_KEYS = ("name", "launcher", "intra_site_rtt_ms", "tls", "defaults", "nodes", "sites", "links", "tuning", "ssh")
 _NODE_KEYS = ("export", "mountpoint", "listen", "port", "host", "ssh_port", "python", "slots")
 _SITE_KEYS = ("nodes",)
 _LINK_KEYS = ("sites", "rtt_ms")
@@ -127,6 +127,7 @@ class ClusterSpec:
     tuning: Tuning = field(default_factory=Tuning)
     source: str | None = None
     ssh: SshOptions = field(default_factory=SshOptions)
+    tls: bool = False  # encrypt peer connections (per-cluster CA made by the launcher)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (str/int/float/bool/None/list/dict) so the spec can cross the wire."""
@@ -140,6 +141,7 @@ class ClusterSpec:
             "tuning": asdict(self.tuning),
             "source": self.source,
             "ssh": self.ssh.to_dict(),
+            "tls": self.tls,
         }
 
     @classmethod
@@ -148,7 +150,7 @@ class ClusterSpec:
         _expect_table(data, "spec")
         required = ("name", "launcher", "intra_site_rtt_ms", "sites", "nodes", "links", "tuning", "source")
         # "ssh" is optional so that state files written before it existed still load.
-        _check_keys({k: v for k, v in data.items() if k != "ssh"}, required, "spec dict", required=True)
+        _check_keys({k: v for k, v in data.items() if k not in ("ssh", "tls")}, required, "spec dict", required=True)
         sites_raw = _expect_table(data["sites"], "sites")
         sites = {
             _check_name(site, f"sites.{site}", what="site name"): tuple(
@@ -188,6 +190,7 @@ class ClusterSpec:
             tuning=_parse_tuning(tuning_raw),
             source=source,
             ssh=SshOptions.from_dict(data["ssh"]) if "ssh" in data else SshOptions(),
+            tls=_boolean(data.get("tls", False), "tls"),
         )
         _validate(spec)
         return spec
@@ -235,6 +238,7 @@ def _parse(data: dict[str, Any], base_dir: str, source: str | None) -> ClusterSp
     name = _check_name(data["name"], "name")
     launcher = _check_launcher(data.get("launcher", "local"))
     intra = _number(data.get("intra_site_rtt_ms", 0.15), "intra_site_rtt_ms", zero_ok=False)
+    tls = _boolean(data.get("tls", False), "tls")
 
     sites = _parse_sites(data)
     site_of = {node: site for site, names in sites.items() for node in names}
@@ -282,6 +286,7 @@ def _parse(data: dict[str, Any], base_dir: str, source: str | None) -> ClusterSp
         tuning=tuning,
         source=source,
         ssh=ssh,
+        tls=tls,
     )
 
 
@@ -347,7 +352,8 @@ def _parse_ssh(raw: dict[str, Any], base_dir: str) -> SshOptions:
     else:
         if isinstance(config, str):
             config = [config]
-        config_paths = tuple(path(p) for p in _string_list(config, "ssh.config", "a file path, a list of them, or false"))
+        paths = _string_list(config, "ssh.config", "a file path, a list of them, or false")
+        config_paths = tuple(path(p) for p in paths)
     return SshOptions(
         known_hosts=known_hosts,
         verify_host_keys=verify,
@@ -583,4 +589,10 @@ def _string_list(value: Any, name: str, what: str = "a list of non-empty strings
 def _expect_list(value: Any, name: str) -> list[Any]:
     if not isinstance(value, list):
         raise SpecError(f"{name}: must be a list, got {value!r}")
+    return value
+
+
+def _boolean(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise SpecError(f"{name}: must be true or false, got {value!r}")
     return value

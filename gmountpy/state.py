@@ -107,8 +107,24 @@ def load_secret(name: str) -> bytes:
         raise GmountError(f"no secret for cluster {name!r} at {path}: was it started by this user?") from None
 
 
+def save_tls(name: str, ca_pem: str, nodes: dict[str, dict[str, str]]) -> None:
+    """The cluster CA (public) and each node's key and certificate (private: reused when a node restarts)."""
+    _write_private(os.path.join(state_dir(), name + ".tls.json"), json.dumps({"ca": ca_pem, "nodes": nodes}).encode())
+
+
+def load_tls(name: str) -> tuple[str, dict[str, dict[str, str]]]:
+    path = os.path.join(state_dir(), name + ".tls.json")
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        return data["ca"], data["nodes"]
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        raise GmountError(f"cluster {name!r} uses TLS but {path} is missing or damaged ({exc}): "
+                          "run `gmount down` and `gmount up` again") from None
+
+
 def remove(name: str) -> None:
-    for suffix in (".json", ".secret"):
+    for suffix in (".json", ".secret", ".tls.json"):
         try:
             os.unlink(os.path.join(state_dir(), name + suffix))
         except FileNotFoundError:

@@ -77,8 +77,8 @@ class LocalCluster:
 
 
 def write_cluster_file(base: Path, name: str, sites: dict[str, list[str]],
-                       links: list[tuple[str, str, float]], tuning: str = "") -> Path:
-    lines = [f'name = "{name}"', 'launcher = "local"', "[defaults]",
+                       links: list[tuple[str, str, float]], tuning: str = "", top: str = "") -> Path:
+    lines = [f'name = "{name}"', 'launcher = "local"', *([top] if top else []), "[defaults]",
              f'export = "{base}/{{node}}/export"', f'mountpoint = "{base}/{{node}}/mnt"']
     for site, nodes in sites.items():
         lines += [f"[sites.{site}]", "nodes = [" + ", ".join(f'"{n}"' for n in nodes) + "]"]
@@ -106,11 +106,11 @@ def force_cleanup(spec: ClusterSpec, state: ClusterState | None) -> None:
 
 @contextmanager
 def local_cluster(base: Path, name: str, sites: dict[str, list[str]],
-                  links: list[tuple[str, str, float]], tuning: str = "attr_ttl = 0.5\nnegative_ttl = 0.5"
-                  ) -> Iterator[LocalCluster]:
+                  links: list[tuple[str, str, float]], tuning: str = "attr_ttl = 0.5\nnegative_ttl = 0.5",
+                  top: str = "") -> Iterator[LocalCluster]:
     """Bring a cluster up for the duration of a block; always tear it down, also on failure."""
     base.mkdir(parents=True, exist_ok=True)
-    spec = load_spec(write_cluster_file(base, name, sites, links, tuning))
+    spec = load_spec(write_cluster_file(base, name, sites, links, tuning, top))
     state: ClusterState | None = None
     try:
         state = launch.up(spec)

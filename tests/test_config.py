@@ -442,3 +442,73 @@ def test_round_trip_random_specs(data: dict[str, Any]) -> None:
     for node in spec.nodes.values():
         assert node.export == f"/base/state/{spec.name}/{node.site}/{node.name}/export"
         assert os.path.isabs(node.mountpoint)
+
+
+# --- [ssh]: how the SSH launcher reaches nodes -----------------------------------------------
+
+SSH_TOML = """\
+name = "remote"
+launcher = "ssh"
+[ssh]
+known_hosts = "keys/known_hosts"
+identity = "~/.ssh/id_gmount"
+concurrency = 8
+connect_timeout = 5
+[defaults]
+host = "alice@login.example.org"
+python = "~/venv/bin/python"
+export = "/scratch/alice/{node}"
+mountpoint = "/tmp/alice-gmount/{node}"
+listen = "0.0.0.0"
+[sites.a]
+nodes = ["n1"]
+"""
+
+
+def test_ssh_table_parses_with_paths_resolved(tmp_path: Path) -> None:
+    from gmountpy.config import SshOptions
+
+    spec = load_spec(write(tmp_path, SSH_TOML))
+    assert spec.ssh == SshOptions(known_hosts=str(tmp_path / "keys" / "known_hosts"), verify_host_keys=True,
+                                  identity=(os.path.expanduser("~/.ssh/id_gmount"),), config=(),
+                                  concurrency=8, connect_timeout=5.0)
+    assert spec.node("n1").python == "~/venv/bin/python"  # expanded on the node, not here
+    wire = json.loads(json.dumps(spec.to_dict()))
+    assert ClusterSpec.from_dict(wire) == spec
+    assert ClusterSpec.from_dict(msgpack.unpackb(msgpack.packb(spec.to_dict()))) == spec
+
+
+def test_ssh_defaults_follow_the_users_own_ssh_setup() -> None:
+    from gmountpy.config import SshOptions
+
+    spec = parse_spec(demo())
+    assert spec.ssh == SshOptions()
+    assert spec.ssh.verify_host_keys and spec.ssh.known_hosts is None and spec.ssh.config == ()
+    data = spec.to_dict()
+    del data["ssh"]  # a state file written before [ssh] existed
+    assert ClusterSpec.from_dict(data) == spec
+
+
+def test_host_key_checking_is_only_relaxed_explicitly() -> None:
+    data = demo()
+    data["ssh"] = {"known_hosts": False, "config": False}
+    spec = parse_spec(data)
+    assert spec.ssh.verify_host_keys is False and spec.ssh.config is None
+    assert ClusterSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ({"known_hosts": True}, r"ssh\.known_hosts: must be a file path or false \(no host-key checking\), got True"),
+    ({"known_hosts": ""}, r"ssh\.known_hosts: must be a file path or false"),
+    ({"identity": [1]}, r"ssh\.identity: must be a key file path or a list of them, got \[1\]"),
+    ({"config": 3}, r"ssh\.config: must be a file path, a list of them, or false, got 3"),
+    ({"concurrency": 0}, r"ssh\.concurrency: must be >= 1, got 0"),
+    ({"connect_timeout": 0}, r"ssh\.connect_timeout: must be > 0, got 0"),
+    ({"user": "bob"}, r"unknown key 'user' in \[ssh\] \(allowed: known_hosts, identity, config, concurrency, "
+                      r"connect_timeout\)"),
+])
+def test_bad_ssh_values_are_named(table: dict[str, Any], message: str) -> None:
+    data = demo()
+    data["ssh"] = table
+    with pytest.raises(SpecError, match=message):
+        parse_spec(data)

@@ -76,3 +76,20 @@ def test_hung_node_gives_eio_within_the_rpc_timeout(tmp_path: Path) -> None:
             os.close(fd)
         # once it answers again it comes back (after the retry interval)
         assert wait_for(lambda: (through / "slow.txt").exists(), timeout=8)
+
+
+def test_up_again_restarts_a_crashed_node_and_its_files_reappear(tmp_path: Path) -> None:
+    with local_cluster(tmp_path, "heal", FOUR_NODES, FOUR_NODE_LINKS, TUNING) as cluster:
+        (cluster.export("n3") / "on-n3.txt").write_text("back again")
+        through = cluster.mount("n1") / "on-n3.txt"
+        assert through.read_text() == "back again"
+        old_pid = cluster.state.nodes["n3"].pid
+        os.kill(old_pid, signal.SIGKILL)
+        assert wait_for(lambda: not through.exists(), timeout=5)
+        healed = launch.up(cluster.spec)  # restarts only the dead node
+        assert healed.nodes["n3"].pid != old_pid
+        assert healed.nodes["n1"].pid == cluster.state.nodes["n1"].pid
+        assert all(s.up for s in launch.status("heal"))
+        assert wait_for(lambda: through.exists() and through.read_text() == "back again", timeout=5)
+        (cluster.mount("n3") / "written-after.txt").write_text("n3 serves again")
+        assert wait_for(lambda: (cluster.mount("n2") / "written-after.txt").exists(), timeout=5)

@@ -58,3 +58,35 @@ def test_tls_does_not_replace_the_secret() -> None:
     with pytest.raises(PeerUnavailable) as info:
         trio.run(_with_server, creds["n1"], ca, "n1", b"wrong secret")
     assert info.value.errno == errno.EACCES
+
+
+def test_a_tls_cluster_works_end_to_end(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import hashlib
+    import os
+
+    from gmountpy import launch
+    from gmountpy import state as state_store
+    from gmountpy.client import call, run_sync
+
+    from .conftest import FOUR_NODE_LINKS, FOUR_NODES, fuse_problem, local_cluster, require
+
+    require("FUSE", fuse_problem())
+    with local_cluster(tmp_path, "tlsc", FOUR_NODES, FOUR_NODE_LINKS, top="tls = true") as cluster:
+        data = os.urandom(3_000_000)
+        (cluster.export("n3") / "secret.bin").write_bytes(data)
+        read = (cluster.mount("n1") / "secret.bin").read_bytes()
+        assert hashlib.sha256(read).digest() == hashlib.sha256(data).digest()
+        assert all(s.up for s in launch.status("tlsc"))
+        assert run_sync(call, cluster.state, "n2", "where", "/secret.bin")[0]["node"] == "n3"
+        ca, nodes = state_store.load_tls("tlsc")
+        assert "BEGIN CERTIFICATE" in ca and set(nodes) == set(cluster.nodes)
+        # a client without the cluster CA cannot even start talking
+        record = cluster.state.nodes["n2"]
+
+        async def plain() -> None:
+            async with trio.open_nursery() as nursery:
+                await rpc.connect(nursery, record.host, record.port, secret=state_store.load_secret("tlsc"),
+                                  name="x", peer="n2", timeout=2)
+
+        with pytest.raises(PeerUnavailable):
+            trio.run(plain)

@@ -7,9 +7,10 @@ import sys
 import click
 
 from ..errors import GmountError
-from . import demo, down, status, up, where
+from . import demo, down, ls, place, probe, run, stage, status, up, where
 
-COMMANDS: list[click.Command] = [up.command, down.command, status.command, where.command, demo.command]
+COMMANDS: list[click.Command] = [up.command, down.command, status.command, where.command, probe.command,
+                                 ls.command, stage.command, place.command, run.command, demo.command]
 
 
 class _Group(click.Group):

@@ -1,17 +1,48 @@
 from __future__ import annotations
 
 import click
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
 
 from .. import launch
+from .. import state as state_store
 from ._common import console, spec_from
+
+_STYLE = {"stopping": "yellow", "stopped": "green", "unreachable": "red"}
 
 
 @click.command("down")
 @click.argument("cluster_file", type=click.Path(exists=True, dir_okay=False))
-def command(cluster_file: str) -> None:
+@click.option("--forget", is_flag=True,
+              help="Over SSH: drop nodes that cannot be reached from the record anyway.")
+def command(cluster_file: str, forget: bool) -> None:
     """Stop every daemon and unmount. Export directories are left untouched."""
     spec = spec_from(cluster_file)
-    problems = launch.down(spec.name)
+    recorded = state_store.load(spec.name)
+    if recorded is not None and recorded.spec.launcher == "ssh":
+        states = {name: "waiting" for name in recorded.nodes}
+
+        def table() -> Table:
+            t = Table(title=f"gmount down {spec.name}", show_edge=False)
+            for column in ("node", "host", "state"):
+                t.add_column(column)
+            for name, what in states.items():
+                t.add_row(name, escape(recorded.nodes[name].ssh or ""), f"[{_STYLE.get(what, 'white')}]{what}[/]")
+            return t
+
+        with Live(table(), console=console, transient=not console.is_terminal, refresh_per_second=8) as live:
+            def progress(node: str, what: str) -> None:
+                states[node] = what
+                live.update(table())
+
+            problems = launch.down(spec.name, progress=progress, forget=forget)
+    else:
+        problems = launch.down(spec.name)
     for node, problem in problems.items():
-        console.print(f"[yellow]{node}[/]: {problem}")
+        console.print(f"[yellow]{node}[/]: {escape(problem)}", highlight=False, soft_wrap=True)
+    if state_store.load(spec.name) is not None:
+        console.print(f"cluster {spec.name} is not completely down: run `gmount down` again when the nodes "
+                      f"above are reachable, or `gmount down --forget`", markup=False, soft_wrap=True)
+        raise SystemExit(1)
     console.print(f"cluster [bold]{spec.name}[/] is down; exports are untouched.")

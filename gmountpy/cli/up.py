@@ -4,38 +4,57 @@ import time
 
 import click
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from .. import launch
-from ._common import console, spec_from
+from ..launch.orchestrate import LaunchError
+from ._common import console, err_console, spec_from
 
-_STYLE = {"starting": "yellow", "listening": "cyan", "ready": "green", "failed": "red"}
+_STYLE = {"connecting": "yellow", "checking": "yellow", "checked": "cyan", "starting": "yellow",
+          "listening": "cyan", "ready": "green", "failed": "red"}
 
 
 @click.command("up")
 @click.argument("cluster_file", type=click.Path(exists=True, dir_okay=False))
-def command(cluster_file: str) -> None:
+@click.option("--keep-going", is_flag=True,
+              help="If some nodes fail, keep the others up (default: stop them, leaving nothing half up).")
+def command(cluster_file: str, keep_going: bool) -> None:
     """Start one daemon per node and mount the namespace on every node."""
     spec = spec_from(cluster_file)
     states = {name: "waiting" for name in spec.nodes}
 
     def table() -> Table:
         t = Table(title=f"gmount up {spec.name}", show_edge=False)
-        for column in ("node", "site", "state"):
+        for column in ("node", "site", "host", "state"):
             t.add_column(column)
         for name, what in states.items():
-            t.add_row(name, spec.nodes[name].site, f"[{_STYLE.get(what, 'white')}]{what}[/]")
+            host = spec.nodes[name].host or "this machine"
+            t.add_row(name, spec.nodes[name].site, escape(host), f"[{_STYLE.get(what, 'white')}]{what}[/]")
         return t
 
     started = time.monotonic()
-    with Live(table(), console=console, transient=not console.is_terminal, refresh_per_second=8) as live:
-        def progress(node: str, what: str) -> None:
-            states[node] = what
-            live.update(table())
+    try:
+        with Live(table(), console=console, transient=not console.is_terminal, refresh_per_second=8) as live:
+            def progress(node: str, what: str) -> None:
+                states[node] = what
+                live.update(table())
 
-        state = launch.up(spec, progress=progress)
+            state = launch.up(spec, progress=progress, keep_going=keep_going)
+    except LaunchError as exc:
+        for node, why in exc.failures.items():
+            err_console.print(f"[red]{node}[/]: {escape(why)}", highlight=False, soft_wrap=True)
+        if exc.running is None:
+            err_console.print(f"cluster {spec.name} is not up: {len(exc.failures)} of {len(spec.nodes)} node(s) "
+                              f"failed and nothing was left running", markup=False, soft_wrap=True)
+        else:
+            err_console.print(f"cluster {spec.name} is up with {len(exc.running.nodes)} of {len(spec.nodes)} nodes "
+                              f"(--keep-going); stop it with: gmount down {cluster_file}",
+                              markup=False, soft_wrap=True)
+        raise SystemExit(1) from None
     console.print(f"cluster [bold]{spec.name}[/] is up: {len(state.nodes)} nodes in "
                   f"{time.monotonic() - started:.1f}s")
     for record in state.nodes.values():
-        console.print(f"  {record.name:<10} {record.site:<12} {record.mountpoint}")
-    console.print(f"stop it with: gmount down {cluster_file}")
+        console.print(f"  {record.name:<10} {record.site:<12} {record.mountpoint}",
+                      markup=False, soft_wrap=True)
+    console.print(f"stop it with: gmount down {cluster_file}", markup=False, soft_wrap=True)

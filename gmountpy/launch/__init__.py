@@ -8,20 +8,23 @@ shared (orchestrate.py).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import os
 import secrets
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..client import ping_all, run_sync
+import trio
+
+from .._sync import blocking
+from ..client import call, ping_all, run_sync
 from ..config import ClusterSpec
 from ..errors import GmountError
 from .. import state as state_store
 from .local import spawn_local, stop_local
 from .orchestrate import LaunchError, Progress, pid_is_daemon, start_cluster
 from ..state import ClusterState, NodeRecord
+from ..tls import NodeCredentials, make_cluster_credentials
 
 __all__ = ["ClusterState", "LaunchError", "NodeRecord", "NodeStatus", "down", "status", "up"]
 
@@ -29,13 +32,8 @@ T = TypeVar("T")
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
-    """asyncio.run, also when called inside a running event loop (Jupyter): then in a worker thread."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
+    """asyncio.run, also when called inside a running event loop (Jupyter): see _sync.blocking."""
+    return blocking(asyncio.run, coro)
 
 
 def up(spec: ClusterSpec, *, progress: Progress | None = None, keep_going: bool = False) -> ClusterState:
@@ -47,21 +45,76 @@ def up(spec: ClusterSpec, *, progress: Progress | None = None, keep_going: bool 
     """
     existing = state_store.load(spec.name)
     if existing is not None:
+        restarted = _restart_crashed_nodes(existing, spec, progress)
+        if restarted is not None:
+            return restarted
         _clear_previous(existing)
     secret = secrets.token_bytes(32)
+    credentials = None
+    if spec.tls:
+        ca_pem, credentials = make_cluster_credentials(spec.name, list(spec.nodes))
+        state_store.save_tls(spec.name, ca_pem, {n: c.to_dict() for n, c in credentials.items()})
     if spec.launcher == "ssh":
         from .ssh import start_ssh_cluster  # asyncssh is only imported when it is used
 
-        launching = start_ssh_cluster(spec, secret, progress=progress, keep_going=keep_going)
+        launching = start_ssh_cluster(spec, secret, progress=progress, keep_going=keep_going,
+                                      credentials=credentials)
     else:
-        launching = start_cluster(spec, spawn_local, secret, progress=progress, keep_going=keep_going)
+        launching = start_cluster(spec, spawn_local, secret, progress=progress, keep_going=keep_going,
+                                  credentials=credentials)
     try:
         state = _run(launching)
     except LaunchError as exc:
         if exc.running is not None:
             state_store.save(exc.running, secret)
+        else:
+            state_store.remove(spec.name)
         raise
     state_store.save(state, secret)
+    return state
+
+
+def _restart_crashed_nodes(existing: ClusterState, spec: ClusterSpec,
+                           progress: Progress | None) -> ClusterState | None:
+    """`gmount up` on a cluster some of whose local daemons died: restart just those.
+
+    Returns None when there is nothing to keep (no daemon alive), so a fresh
+    start follows. The restarted nodes join with the cluster's secret (and
+    TLS certificates), and the running nodes are told their new addresses.
+    """
+    if existing.spec.launcher != "local":
+        return None
+    alive = {n: r for n, r in existing.nodes.items() if pid_is_daemon(r.pid)}
+    if not alive:
+        return None
+    dead = [n for n in spec.nodes if n not in alive]
+    if not dead:
+        raise GmountError(f"cluster {spec.name!r} is already up (nodes {', '.join(alive)}): "
+                          f"run `gmount down` first")
+    if {**existing.spec.to_dict(), "source": None} != {**spec.to_dict(), "source": None}:
+        raise GmountError(f"cluster {spec.name!r} runs with a different cluster file; "
+                          "run `gmount down` first to start it with this one")
+    stop_local(ClusterState(existing.spec, {n: r for n, r in existing.nodes.items() if n in dead},
+                            existing.started))  # clears the dead nodes' stale mounts
+    secret = state_store.load_secret(spec.name)
+    credentials = None
+    if spec.tls:
+        _, stored = state_store.load_tls(spec.name)
+        credentials = {n: NodeCredentials(**c) for n, c in stored.items()}
+    known = {n: [r.host, r.port] for n, r in alive.items()}
+    started = _run(start_cluster(spec, spawn_local, secret, progress=progress, credentials=credentials,
+                                 only=dead, known_peers=known))
+    records = {n: started.nodes[n] if n in started.nodes else alive[n] for n in spec.nodes}
+    state = ClusterState(spec, records, existing.started)
+    state_store.save(state, secret)
+    table = {n: [r.host, r.port] for n, r in records.items()}
+
+    async def tell_everyone() -> None:
+        async with trio.open_nursery() as nursery:
+            for node in alive:
+                nursery.start_soon(call, state, node, "set_peers", table)
+
+    run_sync(tell_everyone)
     return state
 
 

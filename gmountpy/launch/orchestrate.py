@@ -14,14 +14,15 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..config import ClusterSpec, NodeSpec
 from ..errors import GmountError
 from ..node.daemon import LINE_PREFIX, default_log_path
 from ..state import ClusterState, NodeRecord
+from ..tls import NodeCredentials
 
 
 class DaemonProcess(Protocol):
@@ -67,19 +68,19 @@ class _Started:
     port: int = 0
 
 
-async def _expect(process: DaemonProcess, kind: str, timeout: float) -> dict[str, object]:
+async def _expect(process: DaemonProcess, kind: str, timeout: float, log: str = "") -> dict[str, object]:
     """Wait for `GMOUNT <kind> {json}` from a daemon; its ERROR line or silence becomes GmountError."""
     deadline = time.monotonic() + timeout
+    silent = (f"no {kind} line within {timeout:g}s: see the node's log{f' ({log})' if log else ''}, "
+              "or raise tuning.ready_timeout")
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise GmountError(f"no {kind} line within {timeout:g}s: see the node's log, "
-                              "or raise tuning.ready_timeout")
+            raise GmountError(silent)
         try:
             line = await asyncio.wait_for(process.read_line(), remaining)
         except asyncio.TimeoutError:
-            raise GmountError(f"no {kind} line within {timeout:g}s: see the node's log, "
-                              "or raise tuning.ready_timeout") from None
+            raise GmountError(silent) from None
         if not line:
             detail = (await process.error_output()).strip().splitlines()
             raise GmountError("daemon exited before " + kind + (f": {detail[-1]}" if detail else ""))
@@ -101,14 +102,23 @@ async def start_cluster(
     peer_host: Callable[[NodeSpec, str], str] | None = None,
     concurrency: int = 32,
     keep_going: bool = False,
+    credentials: dict[str, NodeCredentials] | None = None,
+    only: Collection[str] | None = None,
+    known_peers: dict[str, list[Any]] | None = None,
 ) -> ClusterState:
     """Start one daemon per node and return the running cluster's state.
 
     On any failure every daemon already started is stopped and LaunchError
     raised; with keep_going only the failed ones are, the rest form the
-    cluster, and LaunchError carries it as `running`.
+    cluster, and LaunchError carries it as `running`. An interrupted launch
+    (Ctrl-C) also stops what it started, so nothing is left unrecorded.
+
+    `only` starts a subset (restarting crashed nodes); `known_peers` are the
+    addresses of nodes already running, added to the peer table.
     """
+    known_peers = known_peers or {}
     say = progress or (lambda node, what: None)
+    nodes = [node for node in spec.nodes.values() if only is None or node.name in only]
     timeout = spec.tuning.ready_timeout
     limit = asyncio.Semaphore(concurrency)
     started: dict[str, _Started] = {}
@@ -125,12 +135,16 @@ async def start_cluster(
                 return
             entry = started[node.name] = _Started(node, process)
             try:
-                await process.write_line(json.dumps({
+                config: dict[str, Any] = {
                     "node": node.name, "spec": spec.to_dict(), "secret": secret.hex(),
                     "log": default_log_path(spec.name, node.name) if node.host is None else None,
-                }))
-                entry.pid = int(str((await _expect(process, "STARTED", timeout))["pid"]))
-                listening = await _expect(process, "LISTENING", timeout)
+                }
+                if credentials is not None:
+                    config["tls"] = credentials[node.name].to_dict()
+                await process.write_line(json.dumps(config))
+                log = _log_hint(spec.name, node)
+                entry.pid = int(str((await _expect(process, "STARTED", timeout, log))["pid"]))
+                listening = await _expect(process, "LISTENING", timeout, log)
                 entry.host, entry.port = str(listening["host"]), int(str(listening["port"]))
                 say(node.name, "listening")
             except (GmountError, OSError, ValueError, KeyError) as exc:
@@ -138,44 +152,57 @@ async def start_cluster(
                 say(node.name, "failed")
 
     async def drop_failed() -> None:
-        if not keep_going or len(failures) >= len(spec.nodes):
+        if not keep_going or len(failures) >= len(nodes):
             await _abort_all(started.values())
             raise LaunchError(failures)
         await _abort_all(started.pop(name) for name in list(started) if name in failures)
 
-    await asyncio.gather(*(bring_up(node) for node in spec.nodes.values()))
-    if failures:
-        await drop_failed()
+    try:
+        await asyncio.gather(*(bring_up(node) for node in nodes))
+        if failures:
+            await drop_failed()
 
-    addresses = {name: [peer_host(e.spec, e.host) if peer_host else e.host, e.port] for name, e in started.items()}
-    peers_line = json.dumps({"peers": addresses})
+        addresses = {name: [peer_host(e.spec, e.host) if peer_host else e.host, e.port] for name, e in started.items()}
+        addresses = {**known_peers, **addresses}
+        peers_line = json.dumps({"peers": addresses})
 
-    async def finish(entry: _Started) -> None:
-        try:
-            await entry.process.write_line(peers_line)
-            await _expect(entry.process, "READY", timeout)
-            say(entry.spec.name, "ready")
-        except (GmountError, OSError, ValueError) as exc:
-            failures[entry.spec.name] = str(exc)
-            say(entry.spec.name, "failed")
+        async def finish(entry: _Started) -> None:
+            try:
+                await entry.process.write_line(peers_line)
+                await _expect(entry.process, "READY", timeout, _log_hint(spec.name, entry.spec))
+                say(entry.spec.name, "ready")
+            except (GmountError, OSError, ValueError) as exc:
+                failures[entry.spec.name] = str(exc)
+                say(entry.spec.name, "failed")
 
-    await asyncio.gather(*(finish(e) for e in started.values()))
-    if failures:
-        await drop_failed()
-    for entry in started.values():
-        await entry.process.release()
+        await asyncio.gather(*(finish(e) for e in started.values()))
+        if failures:
+            await drop_failed()
+        for entry in started.values():
+            await entry.process.release()
 
-    order = {name: i for i, name in enumerate(spec.nodes)}
-    records = {
-        name: NodeRecord(name=name, site=e.spec.site, pid=e.pid, host=addresses[name][0], port=e.port,  # type: ignore[arg-type]
-                         mountpoint=e.spec.mountpoint, export=e.spec.export,
-                         log=_log_path(spec.name, e.spec), ssh=e.spec.host)
-        for name, e in sorted(started.items(), key=lambda item: order[item[0]])  # spec order, not finish order
-    }
-    state = ClusterState(spec, records, time.time())
-    if failures:
-        raise LaunchError(failures, running=state)
-    return state
+        order = {name: i for i, name in enumerate(spec.nodes)}
+        records = {
+            name: NodeRecord(name=name, site=e.spec.site, pid=e.pid, host=addresses[name][0], port=e.port,  # type: ignore[arg-type]
+                             mountpoint=e.spec.mountpoint, export=e.spec.export,
+                             log=_log_path(spec.name, e.spec), ssh=e.spec.host)
+            for name, e in sorted(started.items(), key=lambda item: order[item[0]])  # spec order, not finish order
+        }
+        state = ClusterState(spec, records, time.time())
+        if failures:
+            raise LaunchError(failures, running=state)
+        return state
+
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        await asyncio.shield(_abort_all(started.values()))  # interrupted: leave nothing unrecorded behind
+        raise
+
+
+def _log_hint(cluster: str, node: NodeSpec) -> str:
+    """Where to look when a daemon stays silent; on a remote node that is a file over there."""
+    if node.host is None:
+        return ""  # the local default; tests and messages have always said just "the node's log"
+    return f"{_log_path(cluster, node)} on {node.host}"
 
 
 def _log_path(cluster: str, node: NodeSpec) -> str:

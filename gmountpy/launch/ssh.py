@@ -44,6 +44,7 @@ from .._version import __version__
 from ..config import ClusterSpec, NodeSpec, SshOptions
 from ..errors import GmountError
 from ..state import ClusterState
+from ..tls import NodeCredentials
 from .orchestrate import LaunchError, Progress, start_cluster
 
 __all__ = [
@@ -160,6 +161,9 @@ def _connect_problem(exc: BaseException, dest: Destination, options: SshOptions)
         return f"cannot load an SSH key for {where}: {exc}: check identity in [ssh] (encrypted keys need an agent)"
     if isinstance(exc, asyncssh.Error):
         return f"SSH to {where} failed: {exc.reason}"
+    if isinstance(exc, OSError) and exc.filename:  # a key, known_hosts or config file of ours
+        return (f"cannot read {exc.filename} to connect to {where}: {exc.strerror}: "
+                f"fix identity, known_hosts or config in [ssh]")
     if isinstance(exc, TimeoutError):  # asyncio.TimeoutError is TimeoutError since Python 3.11
         return (f"cannot reach {where}: no answer within {options.connect_timeout:g}s (host down or "
                 f"firewalled?): check host and ssh_port, or raise connect_timeout in [ssh]")
@@ -183,12 +187,28 @@ class _Link:
     problem: str | None = None
     peer_ip: str = ""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Short commands (checks, stops) one at a time, beside at most _SESSIONS_PER_CONNECTION
+    # daemon sessions: together they stay under sshd's default MaxSessions of 10.
+    commands: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
+    _stop_queue: list[tuple[NodeSpec, list[int]]] = field(default_factory=list)
+    _stop_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def stop_soon(self, node: NodeSpec, pids: list[int], timeout: float) -> None:
+        """Stop daemons in batches: the aborts of a failed launch arrive together, one script stops them all."""
+        self._stop_queue.append((node, pids))
+        await asyncio.sleep(0.01)  # let the other aborts of the same failure queue up too
+        async with self._stop_lock:
+            batch, self._stop_queue = self._stop_queue, []
+            if batch:  # else an earlier holder of the lock already stopped ours
+                await _stop_on_link(self, batch, timeout)
 
     async def run(self, command: str, script: str, timeout: float) -> asyncssh.SSHCompletedProcess:
         """Run a command with `script` on its stdin; SSH trouble becomes GmountError naming the host."""
-        assert self.conn is not None
+        if self.conn is None:
+            raise GmountError(f"no SSH connection to {self.dest.label}")
         try:
-            return await self.conn.run(command, input=script, timeout=timeout)
+            async with self.commands:
+                return await self.conn.run(command, input=script, timeout=timeout)
         except asyncssh.TimeoutError:
             raise GmountError(f"{self.dest.label}: `{command}` did not finish within {timeout:g}s") from None
         except (asyncssh.Error, OSError) as exc:
@@ -382,11 +402,11 @@ class SshDaemonProcess:
 
     async def abort(self, pid: int | None) -> None:
         """Stop a daemon that did not finish starting: close its session, then stop it by pid."""
-        self._process.close()
+        self._process.close()  # a daemon still waiting for input sees EOF and exits by itself
         pids = [p for p in (pid, self.spawned_pid) if p]
         if pids and self._link.conn is not None:
             try:
-                await _stop_on_link(self._link, [(self._spec, pids)], timeout=10.0)
+                await self._link.stop_soon(self._spec, pids, timeout=10.0)
             except GmountError:
                 pass  # best effort: the caller reports the start failure itself
 
@@ -519,7 +539,8 @@ sys.stdout.write("GMOUNT PREFLIGHT " + json.dumps(R) + "\n")
 
 async def _preflight_python(link: _Link, python: str, nodes: Sequence[NodeSpec]) -> dict[str, str | None]:
     """Run the check with one interpreter for some nodes of a link; node -> problem or None."""
-    params = {"requires": list(_DAEMON_REQUIRES), "nodes": [{"name": n.name, "export": n.export, "mountpoint": n.mountpoint,
+    params = {"requires": list(_DAEMON_REQUIRES),
+              "nodes": [{"name": n.name, "export": n.export, "mountpoint": n.mountpoint,
                          "listen": n.listen, "port": n.port} for n in nodes]}
     script = _PREFLIGHT.replace("@PARAMS@", repr(json.dumps(params)))
     where = link.dest.label
@@ -563,8 +584,13 @@ async def _preflight_python(link: _Link, python: str, nodes: Sequence[NodeSpec])
 
 _SH_FUNCTIONS = r'''
 ours() { [ -O "/proc/$1" ] && tr '\0' '\n' < "/proc/$1/cmdline" 2>/dev/null | grep -qx 'gmountpy.node'; }
-is_mounted() { awk 'BEGIN { m = ARGV[1]; ARGV[1] = "" } $2 == m { found = 1 } END { exit !found }' "$1" /proc/self/mounts; }
-term() { for np in "$@"; do ours "${np#*:}" && kill -TERM "${np#*:}" 2>/dev/null && echo "GMOUNT TERM $np"; done; return 0; }
+is_mounted() {
+  awk 'BEGIN { m = ARGV[1]; ARGV[1] = "" } $2 == m { found = 1 } END { exit !found }' "$1" /proc/self/mounts
+}
+term() {
+  for np in "$@"; do ours "${np#*:}" && kill -TERM "${np#*:}" 2>/dev/null && echo "GMOUNT TERM $np"; done
+  return 0
+}
 settle() {
   n=$1; shift
   left=""
@@ -708,7 +734,8 @@ async def inspect_ssh_cluster(state: ClusterState, nodes: Iterable[str] | None =
 
 
 async def start_ssh_cluster(spec: ClusterSpec, secret: bytes, *, progress: Progress | None = None,
-                            keep_going: bool = False) -> ClusterState:
+                            keep_going: bool = False,
+                            credentials: dict[str, NodeCredentials] | None = None) -> ClusterState:
     """Check every node, then start them all; see orchestrate.start_cluster for failures."""
     say = progress or _quiet
     async with SshPool(spec) as pool:
@@ -716,7 +743,8 @@ async def start_ssh_cluster(spec: ClusterSpec, secret: bytes, *, progress: Progr
         if problems and (not keep_going or len(problems) == len(spec.nodes)):
             raise LaunchError(problems)  # nothing was started
         return await start_cluster(spec, pool.spawn, secret, progress=say, peer_host=pool.peer_host,
-                                   concurrency=spec.ssh.concurrency, keep_going=keep_going)
+                                   concurrency=spec.ssh.concurrency, keep_going=keep_going,
+                                   credentials=credentials)
 
 
 # --- probing RTTs between sites before launch ----------------------------------------------
@@ -736,7 +764,7 @@ for i in range(count + 1):
     s.close()
     if i:
         times.append(elapsed * 1000.0)
-    time.sleep(0.01)
+    time.sleep(0.05)  # let the target's sshd deal with the last connection, off the clock
 sys.stdout.write("GMOUNT RTT " + json.dumps({"ms": times, "error": error}) + "\n")
 '''
 
@@ -800,4 +828,5 @@ async def measure_site_rtts(spec: ClusterSpec, count: int = 7,
             return SiteRtt((a, b), (src, dst), problem=f"the probe did not run on {link.dest.label} with "
                            f"python {spec.node(src).python!r}{': ' + err[-1] if err else ''}")
 
-        return list(await asyncio.gather(*(one(*pair) for pair in pairs)))
+        # One pair at a time: concurrent probes would time each other's load, not the network.
+        return [await one(*pair) for pair in pairs]
