@@ -61,6 +61,8 @@ class ClusterState:
         """The node whose mount contains `path`, and the path inside the namespace."""
         real = os.path.abspath(path)
         for record in self.nodes.values():
+            if record.ssh is not None and not os.path.ismount(record.mountpoint):
+                continue  # a remote node's mountpoint: that path is not on this machine
             mount = record.mountpoint.rstrip("/")
             if real == mount:
                 return record, "/"

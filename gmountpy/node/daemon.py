@@ -253,7 +253,10 @@ def main() -> int:
         daemon = NodeDaemon(spec, me, secret, credentials)
     except (GmountError, OSError, ValueError, KeyError) as exc:
         log.error("startup failed: %s", exc)
-        _say(out, "ERROR", str(exc) or type(exc).__name__)
+        try:
+            _say(out, "ERROR", str(exc) or type(exc).__name__)
+        except (OSError, ValueError):
+            pass  # the launcher is gone; the log says it
         return 1
     try:
         trio.run(daemon.run, sock, peers, out)
