@@ -50,4 +50,5 @@ def blocking(func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     worker.join()
     if "error" in outcome:
         raise outcome["error"]
-    return outcome["value"]
+    value: T = outcome["value"]
+    return value

@@ -1,0 +1,203 @@
+"""fsspec file system for gmount clusters: read cluster data without a local mount.
+
+URLs name the cluster in the host part and a namespace path after it::
+
+    gmount://demo/data/a.csv             cluster "demo", path /data/a.csv
+    gmount:///data/a.csv                 the one running cluster (or the `cluster=` option)
+
+so ``pandas.read_csv("gmount://demo/data/a.csv")`` works from any process of
+the user who started the cluster (the cluster's secret is read from the
+launcher's state). Storage options:
+
+``cluster``
+    a running cluster's name, its cluster file, or a path inside a mount;
+    taken from the URL's host part when given there.
+``node``
+    the node the file system asks from (default: the cluster's first node).
+    Lookups, listings and "nearest" follow that node's view: its own files
+    first, then its site, then other sites by RTT -- as its mount would.
+
+Listings are the merge of every node's directory, like the mount. Reading
+opens the file on its nearest holder (bound at open time, close-to-open) and
+fetches byte ranges from that node directly; nothing is relayed or copied
+whole. ``info`` carries ``node`` (the holder read from), ``site``,
+``export_path`` and ``locations``: every holder, nearest first.
+
+The file system is read-only: write through a node's mount, where creates
+land on that node.
+"""
+
+from __future__ import annotations
+
+import errno
+import posixpath
+from typing import Any
+
+from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
+from fsspec.utils import stringify_path
+
+from . import state as state_store
+from .api import Cluster, Entry, FileLocations
+from .errors import GmountError
+
+__all__ = ["GmountFile", "GmountFileSystem"]
+
+PROTOCOL = "gmount"
+
+
+def _open_cluster(cluster: Cluster | str | None) -> Cluster:
+    if isinstance(cluster, Cluster):
+        return cluster
+    if cluster:
+        return Cluster.open(cluster)
+    running = state_store.all_states()
+    if len(running) == 1:
+        return Cluster(running[0])
+    names = ", ".join(s.name for s in running) or "none"
+    raise GmountError(f"say which cluster: gmount://CLUSTER/path or the `cluster=` storage option "
+                      f"(running clusters: {names})")
+
+
+class GmountFileSystem(AbstractFileSystem):
+    """Read-only fsspec access to a running gmount cluster over its daemons' RPC (see module doc)."""
+
+    protocol = PROTOCOL
+    root_marker = "/"
+
+    def __init__(self, cluster: Cluster | str | None = None, node: str | None = None, **kwargs: Any) -> None:
+        super().__init__(cluster=cluster, node=node, **kwargs)
+        self.cluster = _open_cluster(cluster)
+        self.node = self.cluster._node_name(node) if node is not None else self.cluster.home
+
+    # -- paths -----------------------------------------------------------------
+
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> Any:
+        if isinstance(path, list):
+            return [cls._strip_protocol(p) for p in path]
+        text = stringify_path(path)
+        if text.startswith(PROTOCOL + "://"):
+            rest = text[len(PROTOCOL) + 3:]
+            text = rest if rest.startswith("/") else "/" + rest.partition("/")[2]
+        elif text.startswith(PROTOCOL + "::"):
+            text = text[len(PROTOCOL) + 2:]
+        return posixpath.normpath("/" + text.lstrip("/"))
+
+    @staticmethod
+    def _get_kwargs_from_urls(path: str) -> dict[str, Any]:
+        text = stringify_path(path)
+        if text.startswith(PROTOCOL + "://"):
+            host = text[len(PROTOCOL) + 3:].partition("/")[0]
+            if host:
+                return {"cluster": host}
+        return {}
+
+    def unstrip_protocol(self, name: str) -> str:
+        return f"{PROTOCOL}://{self.cluster.name}{self._strip_protocol(name)}"
+
+    # -- metadata ----------------------------------------------------------------
+
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
+        path = self._strip_protocol(path)
+        listing = self.cluster.ls(path, from_node=self.node)
+        if len(listing.entries) == 1 and listing.entries[0].path == path:
+            entries = [self.info(path)]  # `ls` of a file: that file, with all its details
+        else:
+            entries = [_entry_info(e) for e in listing.entries]
+        return entries if detail else [e["name"] for e in entries]
+
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        path = self._strip_protocol(path)
+        found = self.cluster.where(path, from_node=self.node)[0]
+        if not found.holders:
+            raise FileNotFoundError(errno.ENOENT, f"no node of cluster {self.cluster.name!r} holds {path}", path)
+        return _info(found)
+
+    def modified(self, path: str) -> Any:
+        from datetime import datetime, timezone
+        return datetime.fromtimestamp(self.info(path)["mtime"], tz=timezone.utc)
+
+    # -- data ------------------------------------------------------------------------
+
+    def _open(self, path: str, mode: str = "rb", block_size: Any = None, autocommit: bool = True,
+              cache_options: Any = None, **kwargs: Any) -> GmountFile:
+        if mode != "rb":
+            raise NotImplementedError(f"gmount:// is read-only (asked for mode {mode!r}): write through a "
+                                      "node's mount instead, where new files land on that node")
+        details = self.info(path)
+        if details["type"] == "directory":
+            raise IsADirectoryError(errno.EISDIR, f"{details['name']} is a directory", details["name"])
+        return GmountFile(self, details["name"], mode, block_size, autocommit, cache_options=cache_options,
+                          details=details, **kwargs)
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
+        """One round of reads from the nearest holder, without the file object's block cache."""
+        details = self.info(path)
+        if details["type"] == "directory":
+            raise IsADirectoryError(errno.EISDIR, f"{details['name']} is a directory", details["name"])
+        size = details["size"]
+        first = 0 if start is None else (max(0, size + start) if start < 0 else start)
+        stop = size if end is None else (max(0, size + end) if end < 0 else min(end, size))
+        if stop <= first:
+            return b""
+        return self._read(details["name"], details["node"], first, stop)
+
+    def _read(self, path: str, node: str, start: int, end: int) -> bytes:
+        cluster = self.cluster
+
+        async def read(conns: Any) -> bytes:
+            return await cluster._read(conns, node, path, start, end)
+
+        try:
+            return cluster._run(read)
+        except FileNotFoundError:
+            raise FileNotFoundError(errno.ENOENT, f"{path} is gone from node {node}", path) from None
+
+
+class GmountFile(AbstractBufferedFile):
+    """A file opened for reading, bound to the holder found at open time (close-to-open)."""
+
+    def __init__(self, fs: GmountFileSystem, path: str, mode: str, block_size: Any, autocommit: bool,
+                 cache_options: Any = None, details: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        assert details is not None
+        self.holder: str = details["node"]
+        super().__init__(fs, path, mode, block_size if block_size is not None else "default", autocommit,
+                         cache_options=cache_options, size=details["size"], **kwargs)
+        self.details = details
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        if end <= start:
+            return b""
+        fs: GmountFileSystem = self.fs
+        return fs._read(self.path, self.holder, start, end)
+
+
+def _entry_info(entry: Entry) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "name": entry.path,
+        "size": 0 if entry.kind == "directory" else entry.size,
+        "type": entry.kind if entry.kind in ("file", "directory") else "other",
+        "mtime": entry.mtime_ns / 1e9,
+        "node": entry.node,
+        "holders": list(entry.holders),
+    }
+    if entry.kind == "symlink":
+        info["islink"] = True
+    return info
+
+
+def _info(found: FileLocations) -> dict[str, Any]:
+    nearest = found.holders[0]
+    kind = "directory" if nearest.is_dir else ("file" if nearest.mode & 0o170000 == 0o100000 else "other")
+    return {
+        "name": found.path,
+        "size": 0 if kind == "directory" else nearest.size,
+        "type": kind,
+        "mtime": nearest.mtime_ns / 1e9,
+        "mode": nearest.mode,
+        "node": nearest.node,
+        "site": nearest.site,
+        "export_path": nearest.export_path,
+        "locations": [{"node": h.node, "site": h.site, "size": h.size, "rtt_ms": h.rtt_ms,
+                       "export_path": h.export_path, "replica_of": h.replica_of} for h in found.holders],
+    }
