@@ -73,6 +73,7 @@ from .node.export import Attr
 from .overlay import Overlay
 from .placement import choose_node
 from .state import ClusterState, load_secret
+from ._trio import open_nursery
 
 if TYPE_CHECKING:
     from .fsspec import GmountFileSystem
@@ -299,7 +300,7 @@ class Cluster:
                     found = await self._where(conns, node, path)
                 results[i] = dataclasses.replace(found, given=os.fspath(given[i]))
 
-            async with trio.open_nursery() as nursery:
+            async with open_nursery() as nursery:
                 for i, (path, node) in enumerate(asks):
                     nursery.start_soon(one, i, path, node)
             return Locations(tuple(r for r in results if r is not None))
@@ -373,7 +374,7 @@ class Cluster:
                         bar.advance(size)
 
             try:
-                async with trio.open_nursery() as nursery:
+                async with open_nursery() as nursery:
                     for path, size in files:
                         nursery.start_soon(one, path, size, nursery.cancel_scope)
             finally:
@@ -486,7 +487,7 @@ class Cluster:
         secret = load_secret(state.name)
 
         async def main() -> T:
-            async with trio.open_nursery() as nursery:
+            async with open_nursery() as nursery:
                 conns = _Connections(state, secret, nursery)
                 try:
                     return await func(conns, *args)
@@ -525,7 +526,7 @@ class Cluster:
             if entries is not None:
                 listings[node] = entries
 
-        async with trio.open_nursery() as nursery:
+        async with open_nursery() as nursery:
             for node in order:
                 nursery.start_soon(fetch, node)
         unreachable.sort(key=order.index)
@@ -580,7 +581,7 @@ class Cluster:
                     if entry.kind in ("file", "directory"):
                         nursery.start_soon(visit, entry.path, nursery)
 
-        async with trio.open_nursery() as nursery:
+        async with open_nursery() as nursery:
             for path in dict.fromkeys(paths):
                 nursery.start_soon(visit, path, nursery)
         files: list[FileLocations] = []
@@ -617,7 +618,7 @@ class Cluster:
                     pieces[offset] = await conns.call(node, "read", handle, offset,
                                                       min(_READ_PIECE, stop - offset), timeout=60.0)
 
-            async with trio.open_nursery() as nursery:
+            async with open_nursery() as nursery:
                 for offset in offsets:
                     nursery.start_soon(piece, offset)
             return b"".join(pieces[o] for o in offsets)

@@ -17,6 +17,7 @@ from . import rpc
 from .errors import PeerUnavailable
 from .state import ClusterState, load_secret, load_tls
 from .tls import client_context
+from ._trio import open_nursery
 
 T = TypeVar("T")
 
@@ -40,7 +41,7 @@ async def call(state: ClusterState, node: str, op: str, *args: Any, timeout: flo
     if record is None:
         raise PeerUnavailable(node, f"not a node of cluster {state.name!r}", errno.ENOENT)
     key = secret if secret is not None else load_secret(state.name)
-    async with trio.open_nursery() as nursery:
+    async with open_nursery() as nursery:
         client = await rpc.connect(nursery, record.host, record.port, secret=key, name="gmount-cli",
                                    peer=node, timeout=min(timeout, 3.0), ssl_context=client_ssl(state))
         try:
@@ -60,7 +61,7 @@ async def ping_all(state: ClusterState, timeout: float = 3.0) -> dict[str, dict[
         except OSError as exc:
             answers[node] = str(exc)
 
-    async with trio.open_nursery() as nursery:
+    async with open_nursery() as nursery:
         for node in state.nodes:
             nursery.start_soon(ping, node)
     return {node: answers[node] for node in state.nodes}

@@ -27,6 +27,7 @@ import trio
 
 from . import wire
 from .errors import AuthenticationFailed, PeerUnavailable
+from ._trio import open_nursery
 
 log = logging.getLogger(__name__)
 
@@ -320,7 +321,7 @@ async def _handle_connection(tcp: trio.SocketStream, dispatch: Dispatch, *, secr
             in_flight.release()
 
     try:
-        async with trio.open_nursery() as nursery:
+        async with open_nursery() as nursery:
             try:
                 while True:
                     data = await stream.receive_some(RECEIVE_CHUNK)

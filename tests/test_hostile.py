@@ -20,6 +20,7 @@ from gmountpy import rpc, wire
 from gmountpy.client import call, run_sync
 from gmountpy.errors import PeerUnavailable
 from gmountpy.state import load_secret
+from gmountpy._trio import open_nursery
 
 from .conftest import LocalCluster
 
@@ -107,7 +108,7 @@ def test_wrong_secret_is_refused(cluster4: LocalCluster) -> None:
     record = cluster4.state.nodes["n1"]
 
     async def attempt() -> None:
-        async with trio.open_nursery() as nursery:
+        async with open_nursery() as nursery:
             await rpc.connect(nursery, record.host, record.port, secret=b"not the secret",
                               name="intruder", peer="n1", timeout=3)
 
@@ -121,7 +122,7 @@ def test_bad_requests_get_error_replies_and_the_connection_lives_on(cluster4: Lo
     record = cluster4.state.nodes["n3"]
 
     async def session() -> None:
-        async with trio.open_nursery() as nursery:
+        async with open_nursery() as nursery:
             client = await rpc.connect(nursery, record.host, record.port, secret=secret, name="t", peer="n3")
             for op, args, expected in [
                 ("no_such_op", [], errno.ENOSYS),
@@ -167,7 +168,7 @@ def test_hostile_paths_over_the_wire_never_leave_the_export(cluster4: LocalClust
 
     async def probe() -> list[object]:
         results: list[object] = []
-        async with trio.open_nursery() as nursery:
+        async with open_nursery() as nursery:
             client = await rpc.connect(nursery, record.host, record.port, secret=secret, name="t", peer="n4")
             for op, args in [("lookup", [path]), ("listdir", [path]), ("open", [path, os.O_RDONLY]),
                              ("readlink", [path]), ("truncate", [path, 0]), ("unlink", [path]),

@@ -15,6 +15,7 @@ import trio
 
 from gmountpy import rpc, wire
 from gmountpy.errors import PeerUnavailable
+from gmountpy._trio import open_nursery
 
 from ._trio import trio_test
 
@@ -82,7 +83,7 @@ class Server:
 async def serving(backend: Backend, *, secret: bytes = SECRET, name: str = "srv") -> AsyncIterator[
         tuple[trio.Nursery, Server]]:
     """A server in its own cancel scope (so a test can stop it) and a nursery for clients."""
-    async with trio.open_nursery() as nursery:
+    async with open_nursery() as nursery:
         scope = trio.CancelScope()
 
         async def run(task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED) -> None:
@@ -160,7 +161,7 @@ async def test_many_concurrent_calls_on_one_connection_get_their_own_replies() -
         async def one(i: int, delay: float) -> None:
             results[i] = await client.call("sleep", delay, {"i": i, "blob": bytes([i % 256]) * i})
 
-        async with trio.open_nursery() as calls:
+        async with open_nursery() as calls:
             for i in range(300):
                 calls.start_soon(one, i, rng.random() * 0.02)
         assert results == {i: {"i": i, "blob": bytes([i % 256]) * i} for i in range(300)}
@@ -249,7 +250,7 @@ async def test_client_refuses_a_server_that_does_not_know_the_secret() -> None:
         await stream.send_all(wire.encode_hello({"mac": os.urandom(32)}))
         await trio.sleep_forever()
 
-    async with trio.open_nursery() as nursery:
+    async with open_nursery() as nursery:
         listeners = await nursery.start(trio.serve_tcp, impostor, 0)
         port = listeners[0].socket.getsockname()[1]
         with pytest.raises(PeerUnavailable, match="does not know the cluster secret") as info:
@@ -268,7 +269,7 @@ async def test_connecting_to_something_that_is_not_a_gmount_daemon() -> None:
         await stream.send_all(b"SSH-2.0-OpenSSH_9.2\r\n")
         await trio.sleep_forever()
 
-    async with trio.open_nursery() as nursery:
+    async with open_nursery() as nursery:
         for handler in (other, garbage):
             listeners = await nursery.start(trio.serve_tcp, handler, 0)
             port = listeners[0].socket.getsockname()[1]
@@ -281,7 +282,7 @@ async def test_connecting_to_something_that_is_not_a_gmount_daemon() -> None:
 @trio_test
 async def test_connect_to_a_closed_port_fails_fast() -> None:
     port = await free_port()
-    async with trio.open_nursery() as nursery:
+    async with open_nursery() as nursery:
         with trio.fail_after(2):
             with pytest.raises(PeerUnavailable, match="cannot connect") as info:
                 await connect(nursery, port)
@@ -293,7 +294,7 @@ async def test_connect_to_a_silent_server_times_out() -> None:
     async def silent(stream: trio.SocketStream) -> None:
         await trio.sleep_forever()
 
-    async with trio.open_nursery() as nursery:
+    async with open_nursery() as nursery:
         listeners = await nursery.start(trio.serve_tcp, silent, 0)
         port = listeners[0].socket.getsockname()[1]
         with trio.fail_after(2):
@@ -414,7 +415,7 @@ async def test_server_going_away_mid_call_fails_the_call_instead_of_hanging() ->
                 outcome.append(exc)
 
         with trio.fail_after(2):
-            async with trio.open_nursery() as calls:
+            async with open_nursery() as calls:
                 calls.start_soon(call)
                 await backend.started.wait()
                 server.scope.cancel()
@@ -484,7 +485,7 @@ async def test_a_send_cut_short_by_a_timeout_never_corrupts_the_next_request() -
             pass
         done.set()
 
-    async with trio.open_nursery() as nursery:
+    async with open_nursery() as nursery:
         listeners = await nursery.start(trio.serve_tcp, stalled_server, 0)
         port = listeners[0].socket.getsockname()[1]
         client = await connect(nursery, port)

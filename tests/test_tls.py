@@ -11,6 +11,7 @@ import trio
 from gmountpy import rpc
 from gmountpy.errors import PeerUnavailable
 from gmountpy.tls import client_context, make_cluster_credentials, server_context
+from gmountpy._trio import open_nursery
 
 SECRET = b"s" * 32
 
@@ -20,7 +21,7 @@ async def echo(session: rpc.Session, op: str, args: list[object]) -> object:
 
 
 async def _with_server(credentials, client_ca: str, peer_name: str, secret: bytes = SECRET) -> object:  # type: ignore[no-untyped-def]
-    async with trio.open_nursery() as nursery:
+    async with open_nursery() as nursery:
         serve = functools.partial(rpc.serve, secret=SECRET, name="n1", ssl_context=server_context(credentials))
         listeners = await nursery.start(serve, "127.0.0.1", 0, echo)
         port = listeners[0].socket.getsockname()[1]
@@ -84,7 +85,7 @@ def test_a_tls_cluster_works_end_to_end(tmp_path) -> None:  # type: ignore[no-un
         record = cluster.state.nodes["n2"]
 
         async def plain() -> None:
-            async with trio.open_nursery() as nursery:
+            async with open_nursery() as nursery:
                 await rpc.connect(nursery, record.host, record.port, secret=state_store.load_secret("tlsc"),
                                   name="x", peer="n2", timeout=2)
 

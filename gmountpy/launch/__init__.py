@@ -25,6 +25,7 @@ from .local import spawn_local, stop_local
 from .orchestrate import LaunchError, Progress, pid_is_daemon, start_cluster
 from ..state import ClusterState, NodeRecord
 from ..tls import NodeCredentials, make_cluster_credentials
+from .._trio import open_nursery
 
 __all__ = ["ClusterState", "LaunchError", "NodeRecord", "NodeStatus", "down", "status", "up"]
 
@@ -110,7 +111,7 @@ def _restart_crashed_nodes(existing: ClusterState, spec: ClusterSpec,
     table = {n: [r.host, r.port] for n, r in records.items()}
 
     async def tell_everyone() -> None:
-        async with trio.open_nursery() as nursery:
+        async with open_nursery() as nursery:
             for node in alive:
                 nursery.start_soon(call, state, node, "set_peers", table)
 

@@ -28,6 +28,7 @@ from ..errors import GmountError
 from ..state import ClusterState
 from . import _run
 from .ssh import SiteRtt, measure_site_rtts
+from .._trio import open_nursery
 
 __all__ = ["ProbeReport", "SiteRtt", "links_toml", "probe", "write_links"]
 
@@ -79,7 +80,7 @@ async def _local_rtts(state: ClusterState, count: int) -> list[SiteRtt]:
 
     async def ping_times(node: str) -> tuple[float, ...]:
         record = state.nodes[node]
-        async with trio.open_nursery() as nursery:
+        async with open_nursery() as nursery:
             client = await rpc.connect(nursery, record.host, record.port, secret=secret, name="gmount-probe",
                                        peer=node, timeout=3.0)
             try:

@@ -43,6 +43,7 @@ from .peers import PeerAddress, PeerPool
 from .replicas import ReplicaTable
 from .service import NodeService
 from .staging import stage_file
+from .._trio import open_nursery
 
 log = logging.getLogger("gmountpy.node")
 
@@ -137,7 +138,7 @@ class NodeDaemon:
         service = NodeService(self.export, info, extra,
                               ReplicaTable(replica_table_path(self.spec.name, self.me)))
         tuning = self.spec.tuning
-        async with trio.open_nursery() as nursery:
+        async with open_nursery() as nursery:
             server_tls = client_tls = None
             if self.credentials is not None:
                 server_tls = server_context(self.credentials)

@@ -21,6 +21,7 @@ import trio
 from ..errors import PeerUnavailable
 from .export import Attr
 from .peers import PeerPool
+from .._trio import open_nursery
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +183,7 @@ class FloodLocator:
         if len(nodes) == 1:
             await ask(nodes[0])
         else:
-            async with trio.open_nursery() as nursery:
+            async with open_nursery() as nursery:
                 for node in nodes:
                     if not self._peers.is_down(node):
                         nursery.start_soon(ask, node)

@@ -31,6 +31,7 @@ from .locator import FloodLocator, Location
 from .peers import PeerPool
 from .readahead import ReadAhead
 from .service import MAX_IO
+from .._trio import open_nursery
 
 XATTR_PREFIX = "user.gmount."
 VIRTUAL_XATTRS = ("user.gmount.node", "user.gmount.site", "user.gmount.where", "user.gmount.local_path")
@@ -98,7 +99,7 @@ class Namespace:
             if entries is not None:
                 listings[node] = entries
 
-        async with trio.open_nursery() as nursery:
+        async with open_nursery() as nursery:
             for node in self.locator.order:
                 if not self.peers.is_down(node):
                     nursery.start_soon(fetch, node)

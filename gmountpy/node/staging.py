@@ -23,6 +23,7 @@ from .export import Attr
 from .namespace import Namespace
 from .replicas import Replica
 from .service import MAX_IO, NodeService
+from .._trio import open_nursery
 
 IN_FLIGHT = 4
 
@@ -78,7 +79,7 @@ async def _copy(namespace: Namespace, source: str, attr: Attr, path: str) -> tup
                 data = await peers.call(source, "read", handle, offset, MAX_IO, timeout=60)
                 os.pwrite(fd, data, offset)
 
-        async with trio.open_nursery() as nursery:
+        async with open_nursery() as nursery:
             for _ in range(IN_FLIGHT):
                 nursery.start_soon(worker)
         os.ftruncate(fd, attr.size)

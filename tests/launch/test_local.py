@@ -45,6 +45,10 @@ def test_up_status_down_lifecycle(tmp_path: Path) -> None:
         assert secret not in state_file.read_text()
         for record in cluster.state.nodes.values():
             assert secret not in Path(record.log).read_text()
+            assert record.host == "127.0.0.1"  # bound to the configured address only, not 0.0.0.0
+            # nor in any daemon's argv or environment, which other users of the machine can read
+            assert secret not in Path(f"/proc/{record.pid}/cmdline").read_bytes().decode(errors="replace")
+            assert secret not in Path(f"/proc/{record.pid}/environ").read_bytes().decode(errors="replace")
         with pytest.raises(GmountError, match="already up"):
             launch.up(cluster.spec)
         (cluster.mount("n2") / "kept.txt").write_text("still here after down")

@@ -26,6 +26,7 @@ from gmountpy.node.namespace import Namespace
 from gmountpy.node.peers import PeerAddress, PeerPool
 from gmountpy.node.service import NodeService
 from gmountpy.overlay import Overlay
+from gmountpy._trio import open_nursery
 
 SECRET = b"harness secret, 32 bytes long..."
 SITES = {"tsukuba": ["n1", "n2"], "hongo": ["n3", "n4"]}
@@ -159,7 +160,7 @@ async def open_cluster(
         info = {"node": name, "site": node_spec.site, "cluster": spec.name, "export": node_spec.export}
         nodes[name] = Node(name, node_spec.site, Path(export.root), export, NodeService(export, info))
     try:
-        async with trio.open_nursery() as nursery:
+        async with open_nursery() as nursery:
             for node in nodes.values():
                 listeners = await nursery.start(node.serve)
                 host, port = listeners[0].socket.getsockname()[:2]

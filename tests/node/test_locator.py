@@ -10,6 +10,7 @@ import trio
 
 from gmountpy.node.export import Attr
 from gmountpy.node.locator import FloodLocator, Location, LocatorStatistics
+from gmountpy._trio import open_nursery
 
 from .._trio import jump, trio_test
 from .harness import Cluster, open_cluster
@@ -186,7 +187,7 @@ async def test_concurrent_finds_of_a_missing_path_ask_each_node_once(tmp_path: P
         async def find() -> None:
             results.append(await locator.find("/nobody/has/this"))
 
-        async with trio.open_nursery() as nursery:
+        async with open_nursery() as nursery:
             for _ in range(25):
                 nursery.start_soon(find)
         assert results == [None] * 25
@@ -206,7 +207,7 @@ async def test_concurrent_finds_of_a_far_file_share_one_search(tmp_path: Path) -
         async def find() -> None:
             results.append(await locator.find("/far"))
 
-        async with trio.open_nursery() as nursery:
+        async with open_nursery() as nursery:
             for _ in range(10):
                 nursery.start_soon(find)
         assert {loc.node for loc in results if loc is not None} == {"n4"} and len(results) == 10
@@ -231,7 +232,7 @@ async def test_a_cancelled_search_does_not_answer_its_followers_with_not_found(t
         async def follower() -> None:
             followers.append(await locator.find("/shared"))
 
-        async with trio.open_nursery() as nursery:
+        async with open_nursery() as nursery:
             scope = await nursery.start(leader)
             await trio.sleep(0.05)
             nursery.start_soon(follower)

@@ -10,6 +10,7 @@ import trio
 
 from gmountpy.errors import PeerUnavailable
 from gmountpy.node.peers import PeerPool
+from gmountpy._trio import open_nursery
 
 from .._trio import jump, trio_test
 from .harness import open_cluster
@@ -28,7 +29,7 @@ async def test_a_call_to_itself_needs_no_socket(tmp_path: Path) -> None:
 async def test_calls_to_a_peer_share_one_connection(tmp_path: Path) -> None:
     async with open_cluster(tmp_path) as cluster:
         pool = cluster["n1"].pool
-        async with trio.open_nursery() as nursery:
+        async with open_nursery() as nursery:
             for _ in range(20):  # all before the first connection is up: they wait for it
                 nursery.start_soon(pool.call, "n3", "ping")
         assert (await pool.call("n3", "ping"))["node"] == "n3"
