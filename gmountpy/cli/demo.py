@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 
 import click
 from rich.table import Table
@@ -83,13 +85,23 @@ def command(base: str) -> None:
             table.add_row(os.path.relpath(path, mount), os.getxattr(path, "user.gmount.node").decode(),
                           ", ".join(holders))
     console.print(table)
-    console.print(f"""
+    gmount = _gmount_command()
+    click.echo(f"""
 Explore (every node mounts the same namespace):
   ls -R {mount}
   cat {mount}/shared/config.yaml          # n2's copy: same site as n1 wins
   cat {state.nodes['n3'].mountpoint}/shared/config.yaml   # n3's own copy
   echo hi > {mount}/new.txt && ls {base}/n1/export   # creates land on the local node
-  gmount where {mount}/inputs/survey/tile-002.txt
-  gmount status {cluster_file}
+  {gmount} where {mount}/inputs/survey/tile-002.txt
+  {gmount} status {cluster_file}
 Stop it (exports stay as they are):
-  gmount down {cluster_file}""")
+  {gmount} down {cluster_file}""")
+
+
+def _gmount_command() -> str:
+    """How the user can run this same gmount (e.g. from inside a nox virtualenv)."""
+    beside = os.path.join(os.path.dirname(sys.executable), "gmount")
+    on_path = shutil.which("gmount")
+    if on_path and os.path.realpath(on_path) == os.path.realpath(beside):
+        return "gmount"
+    return beside if os.path.exists(beside) else "gmount"
