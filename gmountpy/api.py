@@ -509,50 +509,22 @@ class Cluster:
         return FileLocations(path, asking, tuple(Holder.from_wire(r) for r in rows))
 
     async def _listing(self, conns: _Connections, asking: str, path: str) -> Listing:
-        order = self.overlay.lookup_order(asking)
-        listings: dict[str, list[Any]] = {}
-        unreachable: list[str] = []
-
-        async def fetch(node: str) -> None:
-            try:
-                entries = await conns.call(node, "listdir", path)
-            except PeerUnavailable:
-                unreachable.append(node)
-                return
-            except OSError as exc:
-                if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
-                    raise
-                return
-            if entries is not None:
-                listings[node] = entries
-
-        async with open_nursery() as nursery:
-            for node in order:
-                nursery.start_soon(fetch, node)
-        unreachable.sort(key=order.index)
-        if not listings:
+        """The asking node merges the listing exactly as its mount does (daemon op `ls`)."""
+        try:
+            reply = await conns.call(asking, "ls", path)
+        except (FileNotFoundError, NotADirectoryError):
             found = await self._where(conns, asking, path)
             if found.nearest is None:
-                raise FileNotFoundError(errno.ENOENT, f"no node holds {path}")
+                raise FileNotFoundError(errno.ENOENT, f"no node holds {path}") from None
             h = found.nearest
             entry = Entry(posixpath.basename(path), path, _kind(h.mode), h.size, h.mtime_ns, h.node, found.nodes)
-            return Listing(path, asking, (entry,), tuple(unreachable))
-        merged: dict[str, tuple[str, Attr]] = {}
-        holders: dict[str, list[str]] = {}
-        for node in order:
-            for item in listings.get(node, ()):
-                name, attr = item[0], Attr.from_wire(item[1])
-                # A staged replica (third field: its source) serves only its own node, like in the mount.
-                if len(item) > 2 and node != asking:
-                    continue
-                holders.setdefault(name, []).append(node)
-                if name not in merged:
-                    merged[name] = (node, attr)
-        entries = tuple(
-            Entry(name, posixpath.join(path, name), _kind(attr.mode), attr.size, attr.mtime_ns, node,
-                  tuple(holders[name]))
-            for name, (node, attr) in sorted(merged.items()))
-        return Listing(path, asking, entries, tuple(unreachable))
+            return Listing(path, asking, (entry,), ())
+        entries = []
+        for name, node, wire_attr, holders in sorted(reply["entries"]):
+            attr = Attr.from_wire(wire_attr)
+            entries.append(Entry(name, posixpath.join(path, name), _kind(attr.mode), attr.size, attr.mtime_ns,
+                                 node, tuple(holders)))
+        return Listing(path, asking, tuple(entries), tuple(reply["unreachable"]))
 
     async def _expand_holders(self, conns: _Connections, asking: str,
                               paths: list[str]) -> tuple[list[FileLocations], list[str]]:

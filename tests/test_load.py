@@ -11,7 +11,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 
 from gmountpy.launch.orchestrate import pid_is_daemon
 

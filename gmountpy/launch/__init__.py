@@ -14,8 +14,6 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import trio
-
 from .._sync import blocking
 from ..client import call, ping_all, run_sync
 from ..config import ClusterSpec

@@ -152,6 +152,15 @@ class NodeDaemon:
                                   pool, locator, nursery)
             extra["where"] = self._where(namespace)
 
+            async def ls(path: str) -> dict[str, Any]:
+                """The merged listing as this node's mount shows it, with every holder of each name."""
+                listing = await namespace.merged_listing(path)
+                return {"unreachable": listing.unreachable,
+                        "entries": [[e.name, e.location.node, e.location.attr, list(e.holders)]
+                                    for e in listing.entries]}
+
+            extra["ls"] = ls
+
             async def set_peers(table: dict[str, list[Any]]) -> None:
                 """A node was (re)started elsewhere: learn its address and forget cached misses."""
                 pool.set_peers({name: PeerAddress(str(h), int(p)) for name, (h, p) in table.items()})

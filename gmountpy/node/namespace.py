@@ -52,6 +52,19 @@ class FileHandle:
     reader: ReadAhead | None = None  # sequential read-ahead, remote handles only
 
 
+@dataclass(frozen=True)
+class ListingEntry:
+    name: str
+    location: Location          # the nearest holder: what the mount shows
+    holders: tuple[str, ...]    # every node listing it, nearest first
+
+
+@dataclass(frozen=True)
+class MergedListing:
+    entries: list[ListingEntry]
+    unreachable: list[str]      # nodes that did not answer: their entries are missing
+
+
 def _enoent(path: str) -> OSError:
     return FileNotFoundError(errno.ENOENT, f"no node holds {path}")
 
@@ -85,12 +98,18 @@ class Namespace:
 
     async def listdir(self, path: str) -> list[tuple[str, Location]]:
         """Merged listing: every reachable node's entries, the nearest holder winning."""
+        return [(entry.name, entry.location) for entry in (await self.merged_listing(path)).entries]
+
+    async def merged_listing(self, path: str) -> MergedListing:
+        """The merged listing with, for each name, every node that holds it, and who did not answer."""
         listings: dict[str, list[Any]] = {}
+        unreachable: list[str] = []
 
         async def fetch(node: str) -> None:
             try:
                 entries = await self.peers.call(node, "listdir", path)
             except PeerUnavailable:
+                unreachable.append(node)
                 return
             except OSError as exc:
                 if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
@@ -101,23 +120,29 @@ class Namespace:
 
         async with open_nursery() as nursery:
             for node in self.locator.order:
-                if not self.peers.is_down(node):
+                if self.peers.is_down(node):
+                    unreachable.append(node)
+                else:
                     nursery.start_soon(fetch, node)
         if not listings:
             raise _enoent(path)
         merged: dict[str, Location] = {}
+        holders: dict[str, list[str]] = {}
         for node in self.locator.order:
             for entry in listings.get(node, ()):
                 name, attr = entry[0], entry[1]
+                if len(entry) > 2 and node != self.me:
+                    continue  # a staged replica serves only its own node
+                holders.setdefault(name, []).append(node)
                 if name in merged:
                     continue
-                if len(entry) > 2:  # a staged replica: only its own node may use it
-                    if node == self.me:
-                        merged[name] = Location(node, Attr.from_wire(attr), replica_of=entry[2])
+                if len(entry) > 2:
+                    merged[name] = Location(node, Attr.from_wire(attr), replica_of=entry[2])
                     continue
                 merged[name] = Location(node, Attr.from_wire(attr))
                 self.locator.learn(join(path, name), merged[name])
-        return list(merged.items())
+        entries = [ListingEntry(name, location, tuple(holders[name])) for name, location in merged.items()]
+        return MergedListing(entries, sorted(unreachable, key=self.locator.rank))
 
     async def readlink(self, path: str) -> str:
         location = await self.lookup(path)
