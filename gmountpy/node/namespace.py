@@ -30,7 +30,7 @@ from .export import Attr, Export
 from .locator import FloodLocator, Location
 from .peers import PeerPool
 from .readahead import ReadAhead
-from .service import MAX_IO
+from .service import LISTDIR_MAX, MAX_IO
 from .._trio import open_nursery
 
 XATTR_PREFIX = "user.gmount."
@@ -107,7 +107,12 @@ class Namespace:
 
         async def fetch(node: str) -> None:
             try:
-                entries = await self.peers.call(node, "listdir", path)
+                try:
+                    entries = await self.peers.call(node, "listdir", path)
+                except OSError as exc:
+                    if exc.errno != errno.EFBIG:
+                        raise
+                    entries = await self._listdir_in_pages(node, path)
             except PeerUnavailable:
                 unreachable.append(node)
                 return
@@ -143,6 +148,23 @@ class Namespace:
                 self.locator.learn(join(path, name), merged[name])
         entries = [ListingEntry(name, location, tuple(holders[name])) for name, location in merged.items()]
         return MergedListing(entries, sorted(unreachable, key=self.locator.rank))
+
+    async def _listdir_in_pages(self, node: str, path: str) -> list[Any] | None:
+        """A directory too big for one reply: page through a snapshot the holder keeps for us."""
+        opened = await self.peers.call(node, "opendir", path)
+        if opened is None:
+            return None
+        handle, count = opened
+        entries: list[Any] = []
+        try:
+            while len(entries) < count:
+                page = await self.peers.call(node, "readdir", handle, len(entries), LISTDIR_MAX)
+                if not page:
+                    break
+                entries.extend(page)
+        finally:
+            await self.peers.call(node, "closedir", handle)
+        return entries
 
     async def readlink(self, path: str) -> str:
         location = await self.lookup(path)

@@ -24,6 +24,9 @@ from .replicas import Replica, ReplicaTable
 
 #: Largest single read or write a peer may ask for.
 MAX_IO = 4 * 1024 * 1024
+#: Entries in one listdir reply; a bigger directory is read in pages (opendir/readdir),
+#: because one reply must fit in a frame (about 60 bytes an entry, 16 MiB a frame).
+LISTDIR_MAX = 50_000
 
 
 def _absent(exc: OSError) -> bool:
@@ -35,6 +38,7 @@ class _Handles:
 
     def __init__(self) -> None:
         self.fds: dict[int, int] = {}
+        self.listings: dict[int, list[Any]] = {}  # directory snapshots being paged through
         self.next = 1
 
     def add(self, fd: int) -> int:
@@ -49,10 +53,23 @@ class _Handles:
         except (KeyError, TypeError):
             raise OSError(errno.EBADF, f"no open handle {handle!r}") from None
 
+    def add_listing(self, entries: list[Any]) -> int:
+        handle = self.next
+        self.next += 1
+        self.listings[handle] = entries
+        return handle
+
+    def listing(self, handle: int) -> list[Any]:
+        try:
+            return self.listings[handle]
+        except (KeyError, TypeError):
+            raise OSError(errno.EBADF, f"no open directory handle {handle!r}") from None
+
     def close_all(self) -> None:
         for fd in self.fds.values():
             os.close(fd)
         self.fds.clear()
+        self.listings.clear()
 
 
 def _int(value: Any, name: str) -> int:
@@ -81,7 +98,8 @@ class NodeService:
         method = self._ops.get(op)
         if method is None:
             raise OSError(errno.ENOSYS, f"unknown operation {op!r}")
-        if op in ("open", "read", "write", "fsync", "fstat", "close", "ftruncate"):
+        if op in ("open", "read", "write", "fsync", "fstat", "close", "ftruncate", "opendir", "readdir",
+                  "closedir"):
             return method(self._handles(session), *args)
         result = method(*args)
         if inspect.iscoroutine(result):
@@ -156,7 +174,31 @@ class NodeService:
             os.close(fd)
 
     def op_listdir(self, path: str) -> list[tuple[str, Attr] | tuple[str, Attr, str]] | None:
-        """Entries with attributes; a staged replica's entry carries its source node third."""
+        """Entries with attributes; a staged replica's entry carries its source node third.
+
+        EFBIG for a directory of more than LISTDIR_MAX entries: read it with opendir/readdir.
+        """
+        entries = self._listing(path)
+        if entries is not None and len(entries) > LISTDIR_MAX:
+            raise OSError(errno.EFBIG, f"{path} has {len(entries)} entries: list it in pages (opendir)")
+        return entries
+
+    def op_opendir(self, handles: _Handles, path: str) -> tuple[int, int] | None:
+        """Snapshot a directory's listing for paging: (handle, number of entries), None if absent."""
+        entries = self._listing(path)
+        if entries is None:
+            return None
+        return handles.add_listing(entries), len(entries)
+
+    def op_readdir(self, handles: _Handles, handle: int, start: int, count: int) -> list[Any]:
+        listing = handles.listing(handle)
+        count = min(_int(count, "count"), LISTDIR_MAX)
+        return listing[_int(start, "start"):start + count]
+
+    def op_closedir(self, handles: _Handles, handle: int) -> None:
+        handles.listings.pop(handle, None)
+
+    def _listing(self, path: str) -> list[tuple[str, Attr] | tuple[str, Attr, str]] | None:
         try:
             entries = self.export.listdir(path)
         except OSError as exc:

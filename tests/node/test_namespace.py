@@ -471,3 +471,20 @@ def test_harness_topology(tmp_path: Path) -> None:
     spec = make_spec(tmp_path)
     assert {site: list(nodes) for site, nodes in spec.sites.items()} == {"tsukuba": ["n1", "n2"],
                                                                           "hongo": ["n3", "n4"]}
+
+
+@trio_test
+async def test_a_directory_too_big_for_one_reply_is_listed_in_pages(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import gmountpy.node.service as service
+
+    monkeypatch.setattr(service, "LISTDIR_MAX", 10)  # as if each node held hundreds of thousands
+    async with open_cluster(tmp_path) as cluster:
+        for i in range(35):
+            cluster["n3"].put(f"/huge/f{i:03d}", b"")
+        for i in range(12):
+            cluster["n2"].put(f"/huge/g{i:03d}", b"")
+        names = sorted(name for name, _ in await cluster["n1"].namespace.listdir("/huge"))
+        assert names == sorted([f"f{i:03d}" for i in range(35)] + [f"g{i:03d}" for i in range(12)])
+        assert cluster["n3"].served["opendir"] == 1 and cluster["n3"].served["closedir"] == 1
+        assert cluster["n3"].served["readdir"] == 4
