@@ -11,13 +11,13 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import fsspec
+import pandas as pd
 import pytest
+from fsspec.tests.abstract import AbstractFixtures
+from fsspec.tests.abstract.get import AbstractGetTests
 
-fsspec = pytest.importorskip("fsspec")
-from fsspec.tests.abstract import AbstractFixtures  # noqa: E402
-from fsspec.tests.abstract.get import AbstractGetTests  # noqa: E402
-
-from gmountpy.fsspec import GmountFileSystem  # noqa: E402
+from gmountpy.fsspec import GmountFileSystem
 
 from .conftest import LocalCluster  # noqa: E402
 
@@ -102,7 +102,6 @@ def test_reads_ranges_from_the_holder(cluster4: LocalCluster, gfs: GmountFileSys
 
 
 def test_pandas_reads_a_remote_csv(cluster4: LocalCluster) -> None:
-    pd = pytest.importorskip("pandas")
     put(cluster4, "n3", "/fs-pandas/table.csv", b"x,y\n1,2.5\n2,3.5\n3,4.5\n")
     frame = pd.read_csv(f"gmount://{cluster4.spec.name}/fs-pandas/table.csv")
     assert list(frame.columns) == ["x", "y"] and frame["y"].sum() == 10.5

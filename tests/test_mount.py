@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import LocalCluster, wait_for
+from .conftest import LocalCluster, require, wait_for
 
 
 def unique(prefix: str = "t") -> str:
@@ -255,7 +255,7 @@ def test_statfs_and_user_xattrs(cluster4: LocalCluster) -> None:
         os.setxattr(through, "user.note", b"hello")
     except OSError as exc:
         if exc.errno == 95:  # the export's file system has no user xattrs
-            pytest.skip("export file system lacks user xattrs")
+            require("user xattrs", "the export's file system has none")
         raise
     assert os.getxattr(cluster4.export("n3") / rel, "user.note") == b"hello"
     assert os.getxattr(through, "user.note") == b"hello"

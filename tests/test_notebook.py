@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import nbclient
+import nbformat
 import pytest
 
 from gmountpy import state as state_store
@@ -34,9 +36,6 @@ def _text(cell: Any) -> str:
 
 def test_explore_notebook_runs_against_a_real_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     require("FUSE", fuse_problem())
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    pytest.importorskip("ipykernel")
     name = f"nb-{os.getpid()}"
     # The kernel inherits the environment: the notebook's parameters and our private state dir.
     monkeypatch.setenv("GMOUNT_NOTEBOOK_DIR", str(tmp_path / "cluster"))

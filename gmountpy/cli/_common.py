@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
 from rich.console import Console
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
 
 from .. import state as state_store
 from ..config import ClusterSpec, load_spec
@@ -22,3 +28,25 @@ def running_state(name: str) -> ClusterState:
     if state is None:
         raise GmountError(f"cluster {name!r} is not running: start it with `gmount up CLUSTER.toml`")
     return state
+
+
+@contextmanager
+def live_node_table(title: str, headers: tuple[str, ...], rows: dict[str, tuple[str, ...]],
+                    styles: dict[str, str]) -> Iterator[Callable[[str, str], None]]:
+    """A live table of nodes and their state while `up`/`down` run; yields the progress callback."""
+    states = {name: "waiting" for name in rows}
+
+    def table() -> Table:
+        t = Table(title=title, show_edge=False)
+        for column in ("node", *headers, "state"):
+            t.add_column(column)
+        for name, what in states.items():
+            t.add_row(name, *(escape(v) for v in rows[name]), f"[{styles.get(what, 'white')}]{what}[/]")
+        return t
+
+    with Live(table(), console=console, transient=not console.is_terminal, refresh_per_second=8) as live:
+        def progress(node: str, what: str) -> None:
+            states[node] = what
+            live.update(table())
+
+        yield progress

@@ -1,13 +1,11 @@
 from __future__ import annotations
 
 import click
-from rich.live import Live
 from rich.markup import escape
-from rich.table import Table
 
 from .. import launch
 from .. import state as state_store
-from ._common import console, spec_from
+from ._common import console, live_node_table, spec_from
 
 _STYLE = {"stopping": "yellow", "stopped": "green", "unreachable": "red"}
 
@@ -21,21 +19,8 @@ def command(cluster_file: str, forget: bool) -> None:
     spec = spec_from(cluster_file)
     recorded = state_store.load(spec.name)
     if recorded is not None and recorded.spec.launcher == "ssh":
-        states = {name: "waiting" for name in recorded.nodes}
-
-        def table() -> Table:
-            t = Table(title=f"gmount down {spec.name}", show_edge=False)
-            for column in ("node", "host", "state"):
-                t.add_column(column)
-            for name, what in states.items():
-                t.add_row(name, escape(recorded.nodes[name].ssh or ""), f"[{_STYLE.get(what, 'white')}]{what}[/]")
-            return t
-
-        with Live(table(), console=console, transient=not console.is_terminal, refresh_per_second=8) as live:
-            def progress(node: str, what: str) -> None:
-                states[node] = what
-                live.update(table())
-
+        rows = {name: (record.ssh or "",) for name, record in recorded.nodes.items()}
+        with live_node_table(f"gmount down {spec.name}", ("host",), rows, _STYLE) as progress:
             problems = launch.down(spec.name, progress=progress, forget=forget)
     else:
         problems = launch.down(spec.name)

@@ -3,13 +3,11 @@ from __future__ import annotations
 import time
 
 import click
-from rich.live import Live
 from rich.markup import escape
-from rich.table import Table
 
 from .. import launch
 from ..launch.orchestrate import LaunchError
-from ._common import console, err_console, spec_from
+from ._common import console, err_console, live_node_table, spec_from
 
 _STYLE = {"connecting": "yellow", "checking": "yellow", "checked": "cyan", "starting": "yellow",
           "listening": "cyan", "ready": "green", "failed": "red"}
@@ -22,24 +20,10 @@ _STYLE = {"connecting": "yellow", "checking": "yellow", "checked": "cyan", "star
 def command(cluster_file: str, keep_going: bool) -> None:
     """Start one daemon per node and mount the namespace on every node."""
     spec = spec_from(cluster_file)
-    states = {name: "waiting" for name in spec.nodes}
-
-    def table() -> Table:
-        t = Table(title=f"gmount up {spec.name}", show_edge=False)
-        for column in ("node", "site", "host", "state"):
-            t.add_column(column)
-        for name, what in states.items():
-            host = spec.nodes[name].host or "this machine"
-            t.add_row(name, spec.nodes[name].site, escape(host), f"[{_STYLE.get(what, 'white')}]{what}[/]")
-        return t
-
+    rows = {name: (node.site, node.host or "this machine") for name, node in spec.nodes.items()}
     started = time.monotonic()
     try:
-        with Live(table(), console=console, transient=not console.is_terminal, refresh_per_second=8) as live:
-            def progress(node: str, what: str) -> None:
-                states[node] = what
-                live.update(table())
-
+        with live_node_table(f"gmount up {spec.name}", ("site", "host"), rows, _STYLE) as progress:
             state = launch.up(spec, progress=progress, keep_going=keep_going)
     except LaunchError as exc:
         for node, why in exc.failures.items():

@@ -219,8 +219,7 @@ class GmountOperations(pyfuse3.Operations):
                      flags: int, ctx: pyfuse3.RequestContext) -> None:
         src = self._child(parent_inode_old, name_old)
         dst = self._child(parent_inode_new, name_new)
-        is_dir = (await self.ns.lookup(src)).attr.is_dir
-        await self.ns.rename(src, dst, flags)
+        is_dir = await self.ns.rename(src, dst, flags)
         self.inodes.rename(src, dst, is_dir)
 
     # -- files ---------------------------------------------------------------

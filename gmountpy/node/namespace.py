@@ -232,12 +232,9 @@ class Namespace:
         handle.wrote = True
         if handle.reader is not None:
             handle.reader.invalidate()
+        self.locator.invalidate(handle.path)  # release() learns the final attributes
         if handle.fd is not None:
-            written = os.pwrite(handle.fd, data, offset)
-            # fstat is cheap locally: keep the cached location with fresh attributes, no new search
-            self.locator.learn(handle.path, Location(self.me, Attr.from_stat(os.fstat(handle.fd))))
-            return written
-        self.locator.invalidate(handle.path)
+            return os.pwrite(handle.fd, data, offset)
         written = 0
         view = memoryview(data)
         while written < len(data):
@@ -314,7 +311,8 @@ class Namespace:
         finally:
             self.locator.note_removed(path)
 
-    async def rename(self, src: str, dst: str, flags: int = 0) -> None:
+    async def rename(self, src: str, dst: str, flags: int = 0) -> bool:
+        """Rename; returns whether `src` was a directory (its children moved with it)."""
         if flags & RENAME_EXCHANGE:
             raise OSError(errno.EINVAL, "RENAME_EXCHANGE is not supported across a union")
         sources = await self.where(src)
@@ -331,6 +329,7 @@ class Namespace:
                 await self._rename_file(src, dst, sources, targets)
         finally:
             self.locator.note_renamed(src, dst, is_dir)
+        return is_dir
 
     async def _rename_file(self, src: str, dst: str, sources: list[Location], targets: list[Location]) -> None:
         originals = [loc for loc in sources if loc.replica_of is None]

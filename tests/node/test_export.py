@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 
 from gmountpy.node.export import Attr, Export, split_path
 
+from ..conftest import require
+
 SECRET = b"the secret outside the export " * 10
 
 
@@ -369,8 +371,7 @@ def test_utimens(export: Export, root: Path) -> None:
 
 
 def test_xattrs(export: Export, root: Path) -> None:
-    if not xattrs_supported(root):
-        pytest.skip("the file system of the test directory has no user xattrs")
+    require("user xattrs", None if xattrs_supported(root) else "the test directory's file system has none")
     (root / "f").touch()
     export.setxattr("/f", "user.color", b"blue")
     assert export.getxattr("/f", "user.color") == b"blue"
