@@ -11,6 +11,11 @@ from . import demo, down, ls, place, probe, run, stage, status, up, where
 
 COMMANDS: list[click.Command] = [up.command, down.command, status.command, where.command, probe.command,
                                  ls.command, stage.command, place.command, run.command, demo.command]
+try:  # a plugin shipped beside gmountpy (plugins/) adds its command: `gmount pegasus`
+    from gmountpy_pegasus.cli import command as _pegasus
+    COMMANDS.append(_pegasus)
+except ImportError:
+    pass
 
 
 class _Group(click.Group):
