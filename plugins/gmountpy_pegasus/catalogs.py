@@ -68,7 +68,8 @@ SELECTOR_SCRIPT = "gmount-pegasus-site-selector"
 #: can tell its own `execution.site` from one the user set (which it keeps).
 CHOSEN_KEY = "gmount.execution.site"
 
-#: Use types (wf-5.0 schema, `linkType`) whose file a job reads, and those it writes.
+#: Use types (wf-5.0 schema, `linkType`) a job reads, and those that make a file (an `inout`
+#: file must exist before its job: a workflow input unless another job outputs it).
 _READS = ("input", "inout")
 _WRITES = ("output", "checkpoint")
 
