@@ -136,6 +136,13 @@ class Cluster:
             node.locator.forget_all()
 
 
+def _created_on(nodes: dict[str, Node], name: str) -> Any:
+    """The daemon's `created` operation (another node created a path), wired as daemon.py wires it."""
+    async def created(path: str, is_dir: bool = False) -> None:
+        await nodes[name].namespace.created_elsewhere(path, is_dir)
+    return created
+
+
 @asynccontextmanager
 async def open_cluster(
     base: Path,
@@ -158,7 +165,8 @@ async def open_cluster(
         os.makedirs(node_spec.export)
         export = Export(node_spec.export)
         info = {"node": name, "site": node_spec.site, "cluster": spec.name, "export": node_spec.export}
-        nodes[name] = Node(name, node_spec.site, Path(export.root), export, NodeService(export, info))
+        extra = {"created": _created_on(nodes, name)}
+        nodes[name] = Node(name, node_spec.site, Path(export.root), export, NodeService(export, info, extra))
     try:
         async with open_nursery() as nursery:
             for node in nodes.values():
