@@ -105,7 +105,9 @@ class GmountOperations(pyfuse3.Operations):
         # counts "created elsewhere" notices: a lookup that saw one while it ran does
         # not let the kernel cache its "not found"
         self._created_notices = 0
-        self._notify_limiter = trio.CapacityLimiter(4)
+        # threads for kernel notifications; entries apart, as they can block on a busy directory
+        self._entry_limiter = trio.CapacityLimiter(4)
+        self._inode_limiter = trio.CapacityLimiter(4)
         namespace.on_created_elsewhere = self.created_elsewhere
 
     # -- helpers ---------------------------------------------------------------
@@ -189,7 +191,7 @@ class GmountOperations(pyfuse3.Operations):
         with trio.move_on_after(KERNEL_NOTIFY_WAIT):
             for parent_inode, name in reversed(pairs):
                 await trio.to_thread.run_sync(_invalidate_entry, parent_inode, name, abandon_on_cancel=True,
-                                              limiter=self._notify_limiter)
+                                              limiter=self._entry_limiter)
 
     @_fuse_errors
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
@@ -250,6 +252,7 @@ class GmountOperations(pyfuse3.Operations):
             name, location = entries[index]
             inode = self.inodes.peek(join(path, name))
             if not pyfuse3.readdir_reply(token, os.fsencode(name), self._entry(inode, location.attr), index + 1):
+                self._told.pop(inode, None)  # the kernel did not take these attributes
                 self.inodes.drop_if_unused(inode)
                 break
             self.inodes.remember(join(path, name))
@@ -309,7 +312,7 @@ class GmountOperations(pyfuse3.Operations):
         version = _version(handle.attr)
         keep = self._opened_version.get(inode) == version
         if self._told.get(inode) != version:
-            await trio.to_thread.run_sync(_invalidate_inode, inode, keep, limiter=self._notify_limiter)
+            await trio.to_thread.run_sync(_invalidate_inode, inode, keep, limiter=self._inode_limiter)
             self._told[inode] = version
         self._opened_version[inode] = version
         fh = self._new_fh()

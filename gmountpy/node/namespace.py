@@ -34,7 +34,7 @@ from typing import Any
 import trio
 
 from ..errors import PeerUnavailable
-from .export import Attr, Export
+from .export import Attr, Export, split_path
 from .locator import AbsentForNow, Location, Locator
 from .peers import PeerPool
 from .readahead import ReadAhead
@@ -271,8 +271,9 @@ class Namespace:
 
     async def created_elsewhere(self, path: str, is_dir: bool = False) -> None:
         """Another node created `path` (or renamed something to it): forget "not found" for it."""
-        if not isinstance(path, str):
-            raise TypeError("path must be a string")
+        split_path(path)  # a peer's request: refuse anything that is not a namespace path
+        if path == "/":
+            return
         self.locator.forget_absent(path, bool(is_dir))
         if self.on_created_elsewhere is not None:
             await self.on_created_elsewhere(path, bool(is_dir))
