@@ -22,6 +22,15 @@ def _needs_fuse() -> None:
     require("FUSE", fuse_problem())
 
 
+def stat_errno(path: Path) -> int:
+    """0 if `path` can be stat'ed through the mount, else the errno."""
+    try:
+        path.stat()
+        return 0
+    except OSError as exc:
+        return exc.errno or -1
+
+
 def test_killed_node_fails_fast_and_the_rest_keeps_working(tmp_path: Path) -> None:
     with local_cluster(tmp_path, "kill9", FOUR_NODES, FOUR_NODE_LINKS, TUNING) as cluster:
         for node in cluster.nodes:
@@ -40,8 +49,8 @@ def test_killed_node_fails_fast_and_the_rest_keeps_working(tmp_path: Path) -> No
             assert time.monotonic() - started < 5
         finally:
             os.close(fd)
-        # lookups of what only n3 held: ENOENT once caches expire, quickly
-        assert wait_for(lambda: not (through / "from-n3.txt").exists(), timeout=5)
+        # lookups of what only n3 held: EIO, not "no such file" (the holder is down), quickly
+        assert wait_for(lambda: stat_errno(through / "from-n3.txt") == errno.EIO, timeout=5)
         # everything else still works, and listings show what is reachable
         assert (through / "from-n4.txt").read_text() == "n4" * 4_000_000
         assert sorted(os.listdir(through)) == ["from-n1.txt", "from-n2.txt", "from-n4.txt"]
@@ -75,7 +84,7 @@ def test_hung_node_gives_eio_within_the_rpc_timeout(tmp_path: Path) -> None:
             os.kill(pid, signal.SIGCONT)
             os.close(fd)
         # once it answers again it comes back (after the retry interval)
-        assert wait_for(lambda: (through / "slow.txt").exists(), timeout=8)
+        assert wait_for(lambda: stat_errno(through / "slow.txt") == 0, timeout=8)
 
 
 def test_up_again_restarts_a_crashed_node_and_its_files_reappear(tmp_path: Path) -> None:
@@ -85,7 +94,7 @@ def test_up_again_restarts_a_crashed_node_and_its_files_reappear(tmp_path: Path)
         assert through.read_text() == "back again"
         old_pid = cluster.state.nodes["n3"].pid
         os.kill(old_pid, signal.SIGKILL)
-        assert wait_for(lambda: not through.exists(), timeout=5)
+        assert wait_for(lambda: stat_errno(through) == errno.EIO, timeout=5)  # its holder is down
         healed = launch.up(cluster.spec)  # restarts only the dead node
         assert healed.nodes["n3"].pid != old_pid
         assert healed.nodes["n1"].pid == cluster.state.nodes["n1"].pid

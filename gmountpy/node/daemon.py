@@ -151,6 +151,7 @@ class NodeDaemon:
             namespace = Namespace(self.me, {n: s.site for n, s in self.spec.nodes.items()}, self.export,
                                   pool, locator, nursery)
             extra["where"] = self._where(namespace)
+            extra["created"] = namespace.created_elsewhere  # a peer created a name: forget "not found"
 
             async def ls(path: str) -> dict[str, Any]:
                 """The merged listing as this node's mount shows it, with every holder of each name."""

@@ -15,16 +15,47 @@ from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
 
 import pyfuse3
+import trio
 
 from ..errors import PeerUnavailable
 from .export import Attr
 from .inodes import ROOT_INODE, InodeTable
+from .locator import AbsentForNow
 from .namespace import FileHandle, Namespace, join
 
 log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+#: How long a peer's "created" notice waits for the kernel to drop its negative entries
+#: before answering. invalidate_entry blocks while an operation in that directory is in
+#: progress here (e.g. our own create, itself waiting for that peer): never wait forever.
+KERNEL_NOTIFY_WAIT = 0.5
+
+
+def _version(attr: Attr) -> tuple[int, int, int]:
+    """What tells one content of a file from another, as far as the kernel's caches go."""
+    return attr.size, attr.mtime_ns, attr.ctime_ns
+
+
+def _invalidate_entry(parent_inode: int, name: str) -> None:
+    """Run in a worker thread: the kernel call blocks while that directory is busy."""
+    try:
+        pyfuse3.invalidate_entry(parent_inode, os.fsencode(name))
+    except FileNotFoundError:
+        pass  # the kernel had no entry for it
+    except OSError as exc:
+        log.info("could not invalidate the kernel's entry %s in inode %d: %s", name, parent_inode, exc)
+
+
+def _invalidate_inode(inode: int, attr_only: bool) -> None:
+    try:
+        pyfuse3.invalidate_inode(inode, attr_only)
+    except FileNotFoundError:
+        pass  # the kernel forgot the inode meanwhile
+    except OSError as exc:
+        log.info("could not invalidate the kernel's caches of inode %d: %s", inode, exc)
 
 
 def _fuse_errors(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
@@ -62,14 +93,27 @@ class GmountOperations(pyfuse3.Operations):
         self.negative_ttl = negative_ttl
         self.inodes = InodeTable()
         self._files: dict[int, FileHandle] = {}
+        # Open files are keyed by inode: fh -> inode, inode -> its open fhs.
+        self._inode_of: dict[int, int] = {}
+        self._open: dict[int, set[int]] = {}
         self._dirs: dict[int, tuple[str, list[tuple[str, Any]] | None]] = {}
         self._next_fh = 1
-        # (size, mtime) of each inode at its last open: unchanged -> keep the page cache
-        self._opened_version: dict[int, tuple[int, int]] = {}
+        # version of each inode at its last open: unchanged -> keep the page cache
+        self._opened_version: dict[int, tuple[int, int, int]] = {}
+        # version of each inode the kernel was last given attributes for
+        self._told: dict[int, tuple[int, int, int]] = {}
+        # counts "created elsewhere" notices: a lookup that saw one while it ran does
+        # not let the kernel cache its "not found"
+        self._created_notices = 0
+        # threads for kernel notifications; entries apart, as they can block on a busy directory
+        self._entry_limiter = trio.CapacityLimiter(4)
+        self._inode_limiter = trio.CapacityLimiter(4)
+        namespace.on_created_elsewhere = self.created_elsewhere
 
     # -- helpers ---------------------------------------------------------------
 
     def _entry(self, inode: int, attr: Attr) -> pyfuse3.EntryAttributes:
+        self._told[inode] = _version(attr)
         entry = pyfuse3.EntryAttributes()
         entry.st_ino = inode
         entry.generation = 0
@@ -107,11 +151,14 @@ class GmountOperations(pyfuse3.Operations):
             path = parent.rsplit("/", 1)[0] or "/"
         else:
             path = join(parent, os.fsdecode(name))
+        notices = self._created_notices
         try:
             location = await self.ns.lookup(path)
+        except AbsentForNow:
+            raise  # some node could not be asked: the kernel must not keep this answer
         except FileNotFoundError:
-            if self.negative_ttl <= 0:
-                raise
+            if self.negative_ttl <= 0 or notices != self._created_notices:
+                raise  # a plain ENOENT is not cached by the kernel
             # st_ino 0: the kernel caches "no such file" for negative_ttl (PATH searches, imports, make)
             missing = pyfuse3.EntryAttributes()
             missing.st_ino = 0
@@ -124,9 +171,34 @@ class GmountOperations(pyfuse3.Operations):
             self.inodes.forget(inode, count)
             if self.inodes.lookups(inode) == 0:
                 self._opened_version.pop(inode, None)
+                self._told.pop(inode, None)
+
+    async def created_elsewhere(self, path: str, is_dir: bool) -> None:
+        """A peer created `path`: drop the kernel's negative entries for it and its parents.
+
+        Only names the kernel may hold as "not found" are invalidated: those whose
+        parent it knows and which have no inode here. Waits at most KERNEL_NOTIFY_WAIT.
+        """
+        self._created_notices += 1
+        pairs = []
+        while path != "/":
+            parent, name = path.rsplit("/", 1)
+            parent = parent or "/"
+            parent_inode = self.inodes.inode(parent)
+            if parent_inode is not None and self.inodes.inode(path) is None:
+                pairs.append((parent_inode, name))
+            path = parent
+        with trio.move_on_after(KERNEL_NOTIFY_WAIT):
+            for parent_inode, name in reversed(pairs):
+                await trio.to_thread.run_sync(_invalidate_entry, parent_inode, name, abandon_on_cancel=True,
+                                              limiter=self._entry_limiter)
 
     @_fuse_errors
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        handles = self._open.get(inode)
+        if handles:
+            # An open file answers for itself, even if unlinked or renamed meanwhile.
+            return self._entry(inode, await self.ns.fstat(self._files[next(iter(handles))]))
         location = await self.ns.lookup(self.inodes.path(inode))
         return self._entry(inode, location.attr)
 
@@ -180,6 +252,7 @@ class GmountOperations(pyfuse3.Operations):
             name, location = entries[index]
             inode = self.inodes.peek(join(path, name))
             if not pyfuse3.readdir_reply(token, os.fsencode(name), self._entry(inode, location.attr), index + 1):
+                self._told.pop(inode, None)  # the kernel did not take these attributes
                 self.inodes.drop_if_unused(inode)
                 break
             self.inodes.remember(join(path, name))
@@ -227,16 +300,27 @@ class GmountOperations(pyfuse3.Operations):
     @_fuse_errors
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         handle = await self.ns.open(self.inodes.path(inode), flags)
-        return self._file_info(inode, handle)
+        return await self._file_info(inode, handle)
 
-    def _file_info(self, inode: int, handle: FileHandle) -> pyfuse3.FileInfo:
+    async def _file_info(self, inode: int, handle: FileHandle) -> pyfuse3.FileInfo:
+        """Close-to-open, against what the kernel holds: `handle.attr` is fresh from the holder.
+
+        Pages are kept only if the file is unchanged since the last open here; if the
+        kernel was told other attributes (size!) they are invalidated before the first
+        read, so a read is never cut at a stale size.
+        """
+        version = _version(handle.attr)
+        keep = self._opened_version.get(inode) == version
+        if self._told.get(inode) != version:
+            await trio.to_thread.run_sync(_invalidate_inode, inode, keep, limiter=self._inode_limiter)
+            self._told[inode] = version
+        self._opened_version[inode] = version
         fh = self._new_fh()
         self._files[fh] = handle
-        version = (handle.attr.size, handle.attr.mtime_ns)
+        self._inode_of[fh] = inode
+        self._open.setdefault(inode, set()).add(fh)
         info = pyfuse3.FileInfo(fh=fh)
-        # Close-to-open: keep the kernel's cached pages only if the file is unchanged since the last open.
-        info.keep_cache = self._opened_version.get(inode) == version
-        self._opened_version[inode] = version
+        info.keep_cache = keep
         return info
 
     @_fuse_errors
@@ -245,7 +329,8 @@ class GmountOperations(pyfuse3.Operations):
         path = self._child(parent_inode, name)
         handle = await self.ns.create(path, flags, mode & ~ctx.umask)
         inode = self.inodes.remember(path)
-        return self._file_info(inode, handle), self._entry(inode, handle.attr)
+        entry = self._entry(inode, handle.attr)
+        return await self._file_info(inode, handle), entry
 
     @_fuse_errors
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -253,7 +338,10 @@ class GmountOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def write(self, fh: int, off: int, buf: bytes) -> int:
-        return await self.ns.write(self._files[fh], off, buf)
+        written = await self.ns.write(self._files[fh], off, buf)
+        others = self._open.get(self._inode_of[fh], ())
+        self.ns.drop_read_ahead(self._files[other] for other in others if other != fh)
+        return written
 
     @_fuse_errors
     async def flush(self, fh: int) -> None:
@@ -266,14 +354,22 @@ class GmountOperations(pyfuse3.Operations):
     @_fuse_errors
     async def release(self, fh: int) -> None:
         handle = self._files.pop(fh)
-        final = await self.ns.release(handle)
-        inode = self.inodes.inode(handle.path)
-        if handle.wrote and inode is not None:
+        inode = self._inode_of.pop(fh)
+        handles = self._open.get(inode)
+        if handles is not None:
+            handles.discard(fh)
+            if not handles:
+                del self._open[inode]
+        path = self.inodes.path(inode)
+        handle.path = path  # renamed through this node while open: the name it has now
+        # unlinked or renamed over while open: that name is not this file's any more
+        final = await self.ns.release(handle, named=self.inodes.inode(path) == inode)
+        if handle.wrote:
             # Our own writes changed mtime: remember the new version so our next open keeps the cache.
             if final is None:
                 self._opened_version.pop(inode, None)
             else:
-                self._opened_version[inode] = (final.size, final.mtime_ns)
+                self._opened_version[inode] = _version(final)
 
     # -- extended attributes ----------------------------------------------------------
 

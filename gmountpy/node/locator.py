@@ -11,6 +11,7 @@ the flooding with per-directory indexes without touching the FUSE layer.
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -35,15 +36,41 @@ class Location:
     replica_of: str | None = None  # set when this copy is a staged replica of that node's file
 
 
+class AbsentForNow(FileNotFoundError):
+    """No reachable node holds the path, but some node could not be asked.
+
+    Not a cacheable "no such file": the answer may change as soon as that
+    node answers again, so neither the daemon nor the kernel keeps it.
+    """
+
+
 class Locator(Protocol):
-    async def find(self, path: str) -> Location | None: ...
-    async def find_all(self, path: str) -> list[Location]: ...
+    """What the namespace needs from a locator (DESIGN.md: the locator seam)."""
+
+    order: list[str]  # every node, in this node's lookup order
+
+    def rank(self, node: str) -> int: ...
+    async def find(self, path: str, *, fresh: bool = False) -> Location | None: ...
+    async def find_all(self, path: str, *, strict: bool = False) -> list[Location]: ...
     def learn(self, path: str, location: Location) -> None: ...
     def note_created(self, path: str, location: Location) -> None: ...
     def note_removed(self, path: str) -> None: ...
     def note_renamed(self, src: str, dst: str, is_dir: bool) -> None: ...
     def invalidate(self, path: str) -> None: ...
+    def forget_absent(self, path: str, is_dir: bool = False) -> None: ...
     def forget_all(self) -> None: ...
+
+
+class _Replies:
+    """What the nodes asked about one path said: holders, errors, and who could not be asked."""
+
+    def __init__(self) -> None:
+        self.found: dict[str, tuple[Attr, tuple[str, int, int] | None] | None] = {}
+        self.errors: dict[str, OSError] = {}       # answered, but not "here" or "not here"
+        self.unreachable: dict[str, PeerUnavailable] = {}
+
+    def get(self, node: str) -> tuple[Attr, tuple[str, int, int] | None] | None:
+        return self.found.get(node)
 
 
 @dataclass(frozen=True)
@@ -74,44 +101,60 @@ class FloodLocator:
         self._max = max_entries
         self._positive: OrderedDict[str, tuple[Location, float]] = OrderedDict()
         self._negative: OrderedDict[str, float] = OrderedDict()
+        # The node last seen holding each path, kept past the TTL: if that node stops
+        # answering, a lookup says EIO (the file is there but unreachable), not ENOENT.
+        self._last_holder: OrderedDict[str, str] = OrderedDict()
         self._inflight: dict[str, _Flight] = {}
         self._hits = self._negative_hits = self._misses = self._remote = 0
 
     # -- the search ----------------------------------------------------------
 
-    async def find(self, path: str) -> Location | None:
+    async def find(self, path: str, *, fresh: bool = False) -> Location | None:
+        """The nearest holder; None when every node answered "not here".
+
+        `fresh` skips the caches (a create must know about every reachable node now).
+        Raises the error of a node that answered neither yes nor no (EACCES, EIO, ...),
+        PeerUnavailable (EIO) when the node last known to hold the path cannot be
+        reached, and AbsentForNow when no reachable node has it but some node could
+        not be asked. None of those is cached.
+        """
         now = trio.current_time()
         cached = self._positive.get(path)
-        if cached is not None and cached[1] > now:
+        if not fresh and cached is not None and cached[1] > now:
             self._hits += 1
             return cached[0]
         expires = self._negative.get(path)
-        if expires is not None and expires > now:
+        if not fresh and expires is not None and expires > now:
             self._negative_hits += 1
             return None
         while (flight := self._inflight.get(path)) is not None:  # someone is already searching
             await flight.done.wait()
-            if flight.finished:
+            if flight.finished and not fresh:
                 return flight.result
             # That search was cancelled (an interrupted caller) or failed: its "no answer" is
             # not a "no such file", so search again rather than report ENOENT.
         self._misses += 1
         flight = self._inflight[path] = _Flight()
         try:
-            flight.result = await self._search(path)
+            flight.result = await self._search(path, self._last_holder.get(path))
             flight.finished = True
         finally:
             del self._inflight[path]
             flight.done.set()
         if flight.result is None:
-            self._remember_negative(path)
+            if not flight.stale:  # a create elsewhere raced with this search: do not keep its "no"
+                self._remember_negative(path)
         else:
             self.learn(path, flight.result)
         return flight.result
 
-    async def _search(self, path: str) -> Location | None:
+    async def _search(self, path: str, last_holder: str | None = None) -> Location | None:
+        errors: dict[str, OSError] = {}
+        unreachable: dict[str, PeerUnavailable] = {}
         for tier in self.tiers:
             replies = await self._ask(tier, path)
+            errors.update(replies.errors)
+            unreachable.update(replies.unreachable)
             for node in tier:
                 reply = replies.get(node)
                 if reply is None:
@@ -123,6 +166,18 @@ class FloodLocator:
                 # its source is unchanged; elsewhere the source is the holder.
                 if node == self._peers.me and await self._replica_still_valid(path, replica):
                     return Location(node, attr, replica_of=replica[0])
+        # Nobody said "here". Only a unanimous "not here" is an answer that may be cached.
+        if errors:
+            node, error = min(errors.items(), key=lambda item: self.rank(item[0]))
+            raise OSError(error.errno, f"looking up {path} on node {node}: {error.strerror or error}")
+        if last_holder is not None and last_holder in unreachable:
+            raise unreachable[last_holder]  # the holder we knew is dead or hangs: EIO, not ENOENT
+        timed_out = [exc for exc in unreachable.values() if exc.errno == errno.ETIMEDOUT]
+        if timed_out:
+            raise timed_out[0]  # a node that hangs may hold it: we cannot say "no such file"
+        if unreachable:
+            raise AbsentForNow(errno.ENOENT, f"no reachable node holds {path} "
+                                             f"({', '.join(sorted(unreachable))} unreachable)")
         return None
 
     async def _replica_still_valid(self, path: str, replica: tuple[str, int, int]) -> bool:
@@ -140,9 +195,22 @@ class FloodLocator:
             log.warning("could not drop stale replica %s: %s", path, exc)
         return False
 
-    async def find_all(self, path: str) -> list[Location]:
-        """Every holder, nearest first, with valid replicas marked (asks all nodes; for `where`)."""
+    async def find_all(self, path: str, *, strict: bool = False) -> list[Location]:
+        """Every holder, nearest first, with valid replicas marked (asks all nodes; for `where`).
+
+        `strict` (for unlink and rename) raises PeerUnavailable when a node could not be
+        asked, and the error of a node that could not answer: a holder we did not see
+        would bring the old file back when it answers again.
+        """
         replies = await self._ask(tuple(self.order), path)
+        if strict and (replies.unreachable or replies.errors):
+            for node in self.order:
+                if node in replies.unreachable:
+                    exc = replies.unreachable[node]
+                    raise PeerUnavailable(node, f"{exc.reason}; it may hold {path}, so the change "
+                                                f"is refused until it is back (`gmount up`)")
+                if node in replies.errors:
+                    raise replies.errors[node]
         found = []
         for node in self.order:
             reply = replies.get(node)
@@ -156,37 +224,39 @@ class FloodLocator:
             if source_reply is not None and source_reply[1] is None and \
                     (source_reply[0].size, source_reply[0].mtime_ns) == (replica[1], replica[2]):
                 found.append(Location(node, attr, replica_of=replica[0]))
-        if not found:
+        if not found and not replies.unreachable and not replies.errors:
             self._remember_negative(path)
         return found
 
-    async def _ask(self, nodes: tuple[str, ...], path: str) -> dict[str, tuple[Attr, tuple[str, int, int] | None] | None]:
-        """Ask nodes in parallel whether they hold `path`; unreachable nodes count as 'no'."""
-        replies: dict[str, tuple[Attr, tuple[str, int, int] | None] | None] = {}
+    async def _ask(self, nodes: tuple[str, ...], path: str) -> _Replies:
+        """Ask nodes in parallel whether they hold `path`; errors and unreachable nodes are kept apart."""
+        replies = _Replies()
 
         async def ask(node: str) -> None:
             if node != self._peers.me:
                 self._remote += 1
             try:
                 value = await self._peers.call(node, "locate", path)
-            except PeerUnavailable:
+            except PeerUnavailable as exc:
+                replies.unreachable[node] = exc
                 return
             except OSError as exc:
-                log.debug("lookup of %s on %s failed: %s", path, node, exc)
+                log.info("lookup of %s on %s failed: %s", path, node, exc)
+                replies.errors[node] = exc
                 return
             if value is None:
-                replies[node] = None
+                replies.found[node] = None
             else:
                 attr, replica = value
-                replies[node] = (Attr.from_wire(attr), None if replica is None else (str(replica[0]), int(replica[1]), int(replica[2])))
+                replies.found[node] = (Attr.from_wire(attr), None if replica is None else
+                                       (str(replica[0]), int(replica[1]), int(replica[2])))
 
-        if len(nodes) == 1:
-            await ask(nodes[0])
-        else:
-            async with open_nursery() as nursery:
-                for node in nodes:
-                    if not self._peers.is_down(node):
-                        nursery.start_soon(ask, node)
+        async with open_nursery() as nursery:
+            for node in nodes:
+                if self._peers.is_down(node):
+                    replies.unreachable[node] = PeerUnavailable(node, "marked down after a failure")
+                else:
+                    nursery.start_soon(ask, node)
         return replies
 
     # -- being told --------------------------------------------------------
@@ -200,27 +270,58 @@ class FloodLocator:
         self._positive.move_to_end(path)
         if len(self._positive) > self._max:
             self._positive.popitem(last=False)
+        self._last_holder[path] = location.replica_of or location.node
+        self._last_holder.move_to_end(path)
+        if len(self._last_holder) > self._max:
+            self._last_holder.popitem(last=False)
 
     def note_created(self, path: str, location: Location) -> None:
         self.learn(path, location)
 
     def note_removed(self, path: str) -> None:
         self._positive.pop(path, None)
+        self._last_holder.pop(path, None)
+        self._mark_stale(path)
         self._remember_negative(path)
 
     def note_renamed(self, src: str, dst: str, is_dir: bool) -> None:
         """Forget both names; for a directory also everything below them (children moved)."""
-        for cache in (self._positive, self._negative):
+        for cache in (self._positive, self._negative, self._last_holder):
             cache.pop(src, None)
             cache.pop(dst, None)
             if is_dir:
                 prefixes = (src + "/", dst + "/")
                 for key in [k for k in cache if k.startswith(prefixes)]:
                     del cache[key]
+        self._mark_stale(src)
+        self._mark_stale(dst)
 
     def invalidate(self, path: str) -> None:
         self._positive.pop(path, None)
         self._negative.pop(path, None)
+        self._mark_stale(path)
+
+    def forget_absent(self, path: str, is_dir: bool = False) -> None:
+        """`path` was just created elsewhere: drop "not found" for it and for its parents.
+
+        For a directory renamed into place also for everything below it. A search under
+        way for one of them may have asked the creator before the create; its answer is
+        not kept.
+        """
+        self._positive.pop(path, None)
+        if is_dir:
+            prefix = path + "/"
+            for key in [k for k in self._negative if k.startswith(prefix)]:
+                del self._negative[key]
+        while path not in ("/", ""):
+            self._negative.pop(path, None)
+            self._mark_stale(path)
+            path = path.rsplit("/", 1)[0]
+
+    def _mark_stale(self, path: str) -> None:
+        flight = self._inflight.get(path)
+        if flight is not None:
+            flight.stale = True
 
     def forget_all(self) -> None:
         """Drop every cached answer (the set of reachable nodes changed)."""
@@ -244,4 +345,5 @@ class _Flight:
     def __init__(self) -> None:
         self.done = trio.Event()
         self.finished = False  # False when done because the searching task was cancelled or failed
+        self.stale = False     # the path changed while searching: the answer is not cached
         self.result: Location | None = None

@@ -5,7 +5,13 @@ inodes to paths. In short:
 
 - a path resolves to its nearest holder (the locator decides);
 - a directory lists the merge of that directory on every reachable node;
-- creates (file, directory, symlink) happen on this node, parents made here;
+- creates (file, directory, symlink) happen on this node, parents made here,
+  but only after asking every reachable node (past the caches) that the name
+  is new: an existing file is opened instead (no twin), O_EXCL and mkdir fail
+  with EEXIST. A create then tells every reachable node, before it returns,
+  to drop its "not found" for the name (DESIGN.md, the hand-off contract);
+- unlink, rmdir and rename refuse (EIO, naming the node) while a node cannot
+  be asked: a holder we did not see would bring the old name back later;
 - unlink removes the file from every node that holds it, so it is gone;
 - chmod/truncate/utimens/xattrs act on the nearest holder (the file you see);
 - rename of a file or symlink is its holder's rename(2) (atomic on that node);
@@ -18,16 +24,18 @@ inodes to paths. In short:
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import trio
 
 from ..errors import PeerUnavailable
-from .export import Attr, Export
-from .locator import FloodLocator, Location
+from .export import Attr, Export, split_path
+from .locator import AbsentForNow, Location, Locator
 from .peers import PeerPool
 from .readahead import ReadAhead
 from .service import LISTDIR_MAX, MAX_IO
@@ -37,6 +45,11 @@ XATTR_PREFIX = "user.gmount."
 VIRTUAL_XATTRS = ("user.gmount.node", "user.gmount.site", "user.gmount.where", "user.gmount.local_path")
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
+#: How long a create waits for the other nodes to drop their "not found" (unreachable
+#: or slower nodes keep theirs until negative_ttl: see README, Consistency).
+ANNOUNCE_TIMEOUT = 1.0
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -75,13 +88,16 @@ def join(parent: str, name: str) -> str:
 
 class Namespace:
     def __init__(self, me: str, sites: dict[str, str], export: Export, peers: PeerPool,
-                 locator: FloodLocator, nursery: trio.Nursery | None = None) -> None:
+                 locator: Locator, nursery: trio.Nursery | None = None) -> None:
         self.me = me
         self._nursery = nursery  # for read-ahead tasks; None disables read-ahead
         self.site_of = sites
         self.export = export
         self.peers = peers
         self.locator = locator
+        #: Called when another node created a path (the FUSE layer drops the kernel's
+        #: negative entries there).
+        self.on_created_elsewhere: Callable[[str, bool], Awaitable[None]] | None = None
 
     # -- finding -------------------------------------------------------------
 
@@ -188,26 +204,79 @@ class Namespace:
         return Location(location.replica_of, Attr.from_wire(attr))
 
     async def open(self, path: str, flags: int) -> FileHandle:
+        """Open at the holder; the handle's attributes are the holder's, fresh (close-to-open)."""
         writing = flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC
         location = await (self._original(path) if writing else self.lookup(path))
+        try:
+            return await self._open_at(location, path, flags)
+        except FileNotFoundError:
+            # The cached holder no longer has it (moved, replaced, removed): ask again
+            # past the caches before answering "no such file".
+            self.locator.invalidate(path)
+            location = await (self._original(path) if writing else self.lookup(path))
+            return await self._open_at(location, path, flags)
+
+    async def _open_at(self, location: Location, path: str, flags: int) -> FileHandle:
         if location.node == self.me:
             fd = self.export.open(path, flags)
-            return FileHandle(path, self.me, Attr.from_stat(os.fstat(fd)), fd=fd)
-        try:
+            opened = FileHandle(path, self.me, Attr.from_stat(os.fstat(fd)), fd=fd)
+        else:
             handle, attr = await self.peers.call(location.node, "open", path, flags)
-        except FileNotFoundError:
-            self.locator.invalidate(path)  # it moved or went away since we cached it
-            raise
-        opened = FileHandle(path, location.node, Attr.from_wire(attr), remote=handle)
-        if self._nursery is not None:
-            opened.reader = ReadAhead(lambda off, size: self._read_remote(opened, off, size), self._nursery)
+            opened = FileHandle(path, location.node, Attr.from_wire(attr), remote=handle)
+            if self._nursery is not None:
+                reader = opened
+                opened.reader = ReadAhead(lambda off, size: self._read_remote(reader, off, size), self._nursery)
         return opened
 
     async def create(self, path: str, flags: int, mode: int) -> FileHandle:
+        """open(O_CREAT): the existing file if any reachable node has it, else a new one here."""
+        existing = await self._find_everywhere(path)
+        if existing is not None:
+            if flags & os.O_EXCL:
+                raise FileExistsError(errno.EEXIST, f"{path} exists (on node {existing.node})")
+            if existing.attr.is_dir:
+                raise IsADirectoryError(errno.EISDIR, f"{path} is a directory (on node {existing.node})")
+            return await self.open(path, flags & ~(os.O_CREAT | os.O_EXCL))
         fd = self.export.create(path, flags, mode)
         attr = Attr.from_stat(os.fstat(fd))
         self.locator.note_created(path, Location(self.me, attr))
-        return FileHandle(path, self.me, attr, fd=fd, wrote=True)
+        handle = FileHandle(path, self.me, attr, fd=fd, wrote=True)
+        await self._announce_created(path)
+        return handle
+
+    async def _find_everywhere(self, path: str) -> Location | None:
+        """Ask every reachable node now (no cache): does `path` exist? (before a create)"""
+        try:
+            return await self.locator.find(path, fresh=True)
+        except AbsentForNow:
+            return None  # unreachable nodes cannot be asked; a twin there is possible (README)
+
+    async def _announce_created(self, path: str, is_dir: bool = False) -> None:
+        """Tell every reachable node, in parallel, that `path` exists now (hand-off rule 1).
+
+        Waits at most ANNOUNCE_TIMEOUT: a node that does not answer in time (or is down)
+        keeps its "not found" until negative_ttl, as documented.
+        """
+        async def tell(node: str) -> None:
+            try:
+                with trio.move_on_after(ANNOUNCE_TIMEOUT):
+                    await self.peers.call(node, "created", path, is_dir)
+            except OSError as exc:
+                log.info("could not tell %s that %s was created: %s", node, path, exc)
+
+        async with open_nursery() as nursery:
+            for node in self.locator.order:
+                if node != self.me and not self.peers.is_down(node):
+                    nursery.start_soon(tell, node)
+
+    async def created_elsewhere(self, path: str, is_dir: bool = False) -> None:
+        """Another node created `path` (or renamed something to it): forget "not found" for it."""
+        split_path(path)  # a peer's request: refuse anything that is not a namespace path
+        if path == "/":
+            return
+        self.locator.forget_absent(path, bool(is_dir))
+        if self.on_created_elsewhere is not None:
+            await self.on_created_elsewhere(path, bool(is_dir))
 
     async def read(self, handle: FileHandle, offset: int, size: int) -> bytes:
         if handle.fd is not None:
@@ -227,6 +296,12 @@ class Namespace:
             if len(chunk) < MAX_IO:
                 break
         return b"".join(chunks)
+
+    def drop_read_ahead(self, handles: Iterable[FileHandle]) -> None:
+        """The file was written through another handle of this node: read-ahead may be stale."""
+        for handle in handles:
+            if handle.reader is not None:
+                handle.reader.invalidate()
 
     async def write(self, handle: FileHandle, offset: int, data: bytes) -> int:
         handle.wrote = True
@@ -253,13 +328,20 @@ class Namespace:
             return Attr.from_stat(os.fstat(handle.fd))
         return Attr.from_wire(await self.peers.call(handle.node, "fstat", handle.remote))
 
-    async def release(self, handle: FileHandle) -> Attr | None:
-        """Close the handle; if it wrote, return the file's final attributes (None if unknown)."""
+    async def release(self, handle: FileHandle, *, named: bool = True) -> Attr | None:
+        """Close the handle; if it wrote, return the file's final attributes (None if unknown).
+
+        `named` is False when the file was unlinked or renamed over while open. Nothing
+        is learnt under any name: the name may have changed on another node, and an old
+        name must not come back.
+        """
+        path = handle.path if named else None
         final: Attr | None = None
         if handle.fd is not None:
             if handle.wrote:
                 final = Attr.from_stat(os.fstat(handle.fd))
-                self.locator.learn(handle.path, Location(self.me, final))
+                if path is not None:
+                    self.locator.invalidate(path)
             os.close(handle.fd)
             return final
         if handle.reader is not None:
@@ -267,7 +349,8 @@ class Namespace:
         try:
             if handle.wrote:
                 final = Attr.from_wire(await self.peers.call(handle.node, "fstat", handle.remote))
-                self.locator.invalidate(handle.path)
+                if path is not None:
+                    self.locator.invalidate(path)
             await self.peers.call(handle.node, "close", handle.remote)
         except OSError:
             pass  # the holder is gone; its side closed with the connection
@@ -276,17 +359,30 @@ class Namespace:
     # -- namespace changes ---------------------------------------------------
 
     async def mkdir(self, path: str, mode: int) -> Attr:
+        await self._refuse_existing(path)
         attr = self.export.mkdir(path, mode)
         self.locator.note_created(path, Location(self.me, attr))
+        await self._announce_created(path, is_dir=True)
         return attr
 
     async def symlink(self, target: str, path: str) -> Attr:
+        await self._refuse_existing(path)
         attr = self.export.symlink(target, path)
         self.locator.note_created(path, Location(self.me, attr))
+        await self._announce_created(path)
         return attr
 
+    async def _refuse_existing(self, path: str) -> None:
+        existing = await self._find_everywhere(path)
+        if existing is not None:
+            raise FileExistsError(errno.EEXIST, f"{path} exists (on node {existing.node})")
+
+    async def _all_holders(self, path: str) -> list[Location]:
+        """Every holder, for a change that must reach all of them (EIO if a node cannot be asked)."""
+        return await self.locator.find_all(path, strict=True)
+
     async def unlink(self, path: str) -> None:
-        holders = await self.where(path)
+        holders = await self._all_holders(path)
         if not holders:
             raise _enoent(path)
         if holders[0].attr.is_dir:
@@ -302,7 +398,7 @@ class Namespace:
                 self.locator.note_removed(path)
 
     async def rmdir(self, path: str) -> None:
-        holders = [loc for loc in await self.where(path) if loc.attr.is_dir]
+        holders = [loc for loc in await self._all_holders(path) if loc.attr.is_dir]
         if not holders:
             raise _enoent(path)
         try:
@@ -315,10 +411,10 @@ class Namespace:
         """Rename; returns whether `src` was a directory (its children moved with it)."""
         if flags & RENAME_EXCHANGE:
             raise OSError(errno.EINVAL, "RENAME_EXCHANGE is not supported across a union")
-        sources = await self.where(src)
+        sources = await self._all_holders(src)
         if not sources:
             raise _enoent(src)
-        targets = await self.where(dst)
+        targets = await self._all_holders(dst)
         if targets and flags & RENAME_NOREPLACE:
             raise FileExistsError(errno.EEXIST, f"{dst} exists")
         is_dir = sources[0].attr.is_dir
@@ -329,6 +425,7 @@ class Namespace:
                 await self._rename_file(src, dst, sources, targets)
         finally:
             self.locator.note_renamed(src, dst, is_dir)
+        await self._announce_created(dst, is_dir)  # the new name must not be "not found" anywhere
         return is_dir
 
     async def _rename_file(self, src: str, dst: str, sources: list[Location], targets: list[Location]) -> None:

@@ -7,7 +7,10 @@ holder streams while the kernel consumes. Random reads are passed through
 at exactly the offset and size asked for (Montage's mConcatFit reads small
 pieces of many files: fetching whole blocks there would waste bandwidth).
 
-Blocks belong to one open handle and die with it (close-to-open).
+Blocks belong to one open handle and die with it (close-to-open); they are
+dropped when the file is written through any handle of this node. The last,
+short block of the file is never kept: a file that grows after a read hit
+its end is read to its new end.
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ class ReadAhead:
         return b"".join(parts)[start:start + size]
 
     def invalidate(self) -> None:
-        """Our handle wrote: cached blocks may be stale."""
+        """The file was written through this node: cached blocks may be stale."""
         self._blocks.clear()
         self._pending.clear()
         self._generation += 1
@@ -89,9 +92,9 @@ class ReadAhead:
             return cached
         pending = self._pending.get(index)
         if pending is None:
-            pending = self._start(index)
-            if pending is None:  # beyond the end of the file
-                return b""
+            # Asked for explicitly: fetch even past the end seen so far (the file may have grown).
+            pending = self._start(index, explicit=True)
+            assert pending is not None
         await pending.done.wait()
         if pending.error is not None:
             raise pending.error
@@ -104,9 +107,9 @@ class ReadAhead:
                 if self._start(index) is None:
                     break
 
-    def _start(self, index: int) -> _Pending | None:
-        if self._eof_block is not None and index > self._eof_block:
-            return None
+    def _start(self, index: int, explicit: bool = False) -> _Pending | None:
+        if not explicit and self._eof_block is not None and index >= self._eof_block:
+            return None  # do not read ahead past the end
         pending = self._pending[index] = _Pending()
         self._nursery.start_soon(self._run, index, pending, self._generation)
         return pending
@@ -126,9 +129,12 @@ class ReadAhead:
             if self._pending.get(index) is pending:
                 del self._pending[index]
             if pending.data is not None and generation == self._generation:
-                self._blocks[index] = pending.data
                 if len(pending.data) < BLOCK:
-                    self._eof_block = index
+                    self._eof_block = index  # the end, for now: delivered, not kept
+                else:
+                    self._blocks[index] = pending.data
+                    if self._eof_block is not None and index >= self._eof_block:
+                        self._eof_block = None  # the file grew
                 while len(self._blocks) > KEEP:
                     self._blocks.popitem(last=False)
             pending.done.set()

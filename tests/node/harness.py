@@ -53,8 +53,11 @@ class Node:
     served: Counter[str] = field(default_factory=Counter)
     #: ids of the server-side sessions seen, one per incoming connection
     sessions: set[int] = field(default_factory=set)
-    #: op -> seconds the server waits before answering it (a slow or stuck node)
+    #: op (or "op@peer": only that peer's requests) -> seconds the server waits before
+    #: answering it (a slow or stuck node)
     delay: dict[str, float] = field(default_factory=dict)
+    #: op -> errno the server answers it with (a holder whose disk or permissions fail)
+    fail: dict[str, int] = field(default_factory=dict)
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     address: PeerAddress | None = None
     pool: PeerPool = field(init=False)
@@ -64,8 +67,11 @@ class Node:
     async def dispatch(self, session: rpc.Session, op: str, args: list[Any]) -> Any:
         self.served[op] += 1
         self.sessions.add(id(session))
-        if op in self.delay:
-            await trio.sleep(self.delay[op])
+        wait = self.delay.get(f"{op}@{session.peer}", self.delay.get(op))
+        if wait is not None:
+            await trio.sleep(wait)
+        if op in self.fail:
+            raise OSError(self.fail[op], f"{os.strerror(self.fail[op])} (injected on {self.name})")
         return await self.service.dispatch(session, op, args)
 
     async def serve(self, task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED
@@ -136,6 +142,13 @@ class Cluster:
             node.locator.forget_all()
 
 
+def _created_on(nodes: dict[str, Node], name: str) -> Any:
+    """The daemon's `created` operation (another node created a path), wired as daemon.py wires it."""
+    async def created(path: str, is_dir: bool = False) -> None:
+        await nodes[name].namespace.created_elsewhere(path, is_dir)
+    return created
+
+
 @asynccontextmanager
 async def open_cluster(
     base: Path,
@@ -158,7 +171,8 @@ async def open_cluster(
         os.makedirs(node_spec.export)
         export = Export(node_spec.export)
         info = {"node": name, "site": node_spec.site, "cluster": spec.name, "export": node_spec.export}
-        nodes[name] = Node(name, node_spec.site, Path(export.root), export, NodeService(export, info))
+        extra = {"created": _created_on(nodes, name)}
+        nodes[name] = Node(name, node_spec.site, Path(export.root), export, NodeService(export, info, extra))
     try:
         async with open_nursery() as nursery:
             for node in nodes.values():
