@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from importlib.metadata import entry_points
 
 import click
 
@@ -35,3 +36,10 @@ def main() -> None:
 
 for _command in COMMANDS:
     main.add_command(_command)
+
+# Subcommands shipped by plugins (`gmount make`, ...): entry points in group `gmountpy.commands`.
+for _entry in entry_points(group="gmountpy.commands"):
+    try:
+        main.add_command(_entry.load())
+    except ImportError as _exc:  # a half-installed plugin must not take the whole CLI down
+        print(f"gmount: plugin command {_entry.name!r} is unusable ({_exc}); reinstall gmountpy", file=sys.stderr)
