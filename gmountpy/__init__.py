@@ -9,11 +9,13 @@ networkx and the launcher each time.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 
+TYPE_CHECKING = False  # not `from typing import ...`: typing alone costs more than the rest of this file
 if TYPE_CHECKING:
+    from typing import Any
+
     from .api import (
         Cluster,
         ClusterStatus,
@@ -45,7 +47,11 @@ _HOMES = {
     "Overlay": "overlay",
 }
 
-__all__ = sorted([*_HOMES, "__version__"])
+__all__ = [
+    "Cluster", "ClusterSpec", "ClusterStatus", "CommandTimeout", "Entry", "FileLocations", "GmountError", "Holder",
+    "Listing", "Locations", "Node", "Nodes", "Overlay", "Placement", "RunResult", "SpecError", "StageError",
+    "StageReport", "StagedFile", "__version__", "load_spec",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -17,7 +17,7 @@ import os
 import posixpath
 import stat
 
-__all__ = ["MountedCluster", "MountNode", "find", "state_dir"]
+__all__ = ["MountNode", "MountedCluster", "find", "state_dir"]
 
 WHERE_XATTR = "user.gmount.where"
 
@@ -31,7 +31,7 @@ def state_dir() -> str:
 class MountNode:
     """One node of a running cluster: its site, job slots, mountpoint and export."""
 
-    __slots__ = ("name", "site", "slots", "mountpoint", "export", "remote")
+    __slots__ = ("export", "mountpoint", "name", "remote", "site", "slots")
 
     def __init__(self, name: str, site: str, slots: int, mountpoint: str, export: str, remote: bool) -> None:
         self.name = name

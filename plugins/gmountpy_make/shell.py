@@ -28,14 +28,16 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import signal
 import sys
 import time
-from types import FrameType
-from typing import NoReturn
 
 from gmountpy import mounts
+
+TYPE_CHECKING = False  # typing is not imported at run time: it costs more than a small recipe
+if TYPE_CHECKING:
+    from types import FrameType
+    from typing import NoReturn
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 #: Variables that describe the recipe to gmount-sh only: a sub-make started by
@@ -162,6 +164,8 @@ def stop_group(group: int, grace: float = 2.0) -> None:
 
 def run_over_ssh(cluster: mounts.MountedCluster, node: str, ns_dir: str, command: list[str]) -> int:
     """Run `command` on an SSH node through the public API (streams stdout/stderr as they come)."""
+    import shlex
+
     from gmountpy.api import Cluster
     from gmountpy.errors import GmountError
     try:

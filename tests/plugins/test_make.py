@@ -20,10 +20,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from gmountpy import Cluster, mounts
 from gmountpy_make import MAKEFILE
 from gmountpy_make.shell import strip_oneshell_prefixes
+
+from gmountpy import Cluster, mounts
 
 from ..conftest import LocalCluster, fuse_problem, local_cluster, require, wait_for
 
@@ -90,7 +90,7 @@ def env(**extra: str) -> dict[str, str]:
 
 
 def make(cwd: Path, *args: str, timeout: float = 180, **extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["make", *args], cwd=cwd, env=env(**extra), capture_output=True, text=True,
+    return subprocess.run(["make", *args], check=False, cwd=cwd, env=env(**extra), capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -206,7 +206,7 @@ def test_make_j4_runs_every_recipe_where_its_inputs_are(cluster: LocalCluster, t
     for entry in entries:
         assert entry["make_node"] == "n1" and entry["status"] == 0 and entry["cwd"] == f"/{wf}"
         assert isinstance(entry["seconds"], float) and entry["seconds"] >= 0
-    merged = [e for e in entries if e["target"] == "merged.txt"][0]
+    merged = next(e for e in entries if e["target"] == "merged.txt")
     ups = [len(inputs[f"in{i}.txt"]) for i in range(1, 5)]
     assert merged["inputs"] == 4 and merged["bytes_local"] == ups[3] and merged["bytes_remote"] == sum(ups[:3])
 
@@ -248,7 +248,7 @@ def test_make_failing_recipe_keeps_exit_status_and_stderr(cluster: LocalCluster,
 
     # the wrapper on its own hands back the recipe's exit status, stdout and stderr
     direct = subprocess.run([os.path.join(BIN, "gmount-sh"), "-c", "echo out; echo err >&2; exit 42"],
-                            cwd=here, env=env(GMOUNT_TARGET="x", GMOUNT_DEPS="in2.txt"),
+                            check=False, cwd=here, env=env(GMOUNT_TARGET="x", GMOUNT_DEPS="in2.txt"),
                             capture_output=True, text=True)
     assert (direct.returncode, direct.stdout, direct.stderr) == (42, "out\n", "err\n")
 
@@ -296,7 +296,7 @@ def test_gmount_make_zero_line_form(cluster: LocalCluster, tmp_path: Path) -> No
     (cluster.export("n1") / wf / "Makefile").write_text(WORKFLOW)  # no include at all
     here = cluster.mount("n1") / wf
     log = tmp_path / "placement.jsonl"
-    result = subprocess.run([os.path.join(BIN, "gmount"), "make", "-j4", "merged.txt"], cwd=here,
+    result = subprocess.run([os.path.join(BIN, "gmount"), "make", "-j4", "merged.txt"], check=False, cwd=here,
                             env=env(GMOUNT_PLACEMENT_LOG=str(log)), capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr
     entries = read_log(log)  # where the user said, not under .gmount/
@@ -319,7 +319,7 @@ def test_make_interrupt_leaves_no_processes(cluster: LocalCluster, how: str) -> 
     try:
         started = wait_for(lambda: all((here / f"bg-{i}").exists() and (here / f"bg-{i}").read_text().strip()
                                        for i in (2, 3, 4)), timeout=60)
-        assert started, process.stderr.read() if process.poll() is not None else "recipes did not start"
+        assert started, process.communicate()[1] if process.poll() is not None else "recipes did not start"
         below = descendants(process.pid)
         recipes = {int((here / f"{kind}-{i}").read_text()) for kind in ("pid", "bg") for i in (2, 3, 4)}
         assert recipes <= below and all(alive(p) for p in recipes)
@@ -375,7 +375,7 @@ def test_mounts_agree_with_the_overlay_and_the_state(cluster: LocalCluster) -> N
 @pytest.mark.slow
 def test_make_wheel_ships_the_plugin_and_gmount_sh_runs_from_it(cluster: LocalCluster, tmp_path: Path) -> None:
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
-                            "-w", str(tmp_path / "dist"), str(REPO)], capture_output=True, text=True, timeout=300)
+                            "-w", str(tmp_path / "dist"), str(REPO)], check=False, capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr
     wheel = next((tmp_path / "dist").glob("gmountpy-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
@@ -390,7 +390,7 @@ def test_make_wheel_ships_the_plugin_and_gmount_sh_runs_from_it(cluster: LocalCl
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
-                                "-q", "--no-deps", "--no-index", str(wheel)], capture_output=True, text=True,
+                                "-q", "--no-deps", "--no-index", str(wheel)], check=False, capture_output=True, text=True,
                                timeout=300)
     assert installed.returncode == 0, installed.stderr
     mk = next(venv.glob("lib/python*/site-packages/gmountpy_make/gmount.mk"))
@@ -399,7 +399,7 @@ def test_make_wheel_ships_the_plugin_and_gmount_sh_runs_from_it(cluster: LocalCl
     (cluster.export("n1") / wf / "Makefile").write_text(f"include {mk}\nout.txt: in3.txt\n\techo $$GMOUNT_NODE > $@\n")
     here = cluster.mount("n1") / wf
     # PATH without any gmount: gmount.mk finds the gmount-sh installed beside it
-    result = subprocess.run(["make", "out.txt"], cwd=here, capture_output=True, text=True, timeout=120,
+    result = subprocess.run(["make", "out.txt"], check=False, cwd=here, capture_output=True, text=True, timeout=120,
                             env={**os.environ, "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr
     assert (here / "out.txt").read_text() == "n3\n" and holder_on_disk(cluster, wf, "out.txt") == "n3"
