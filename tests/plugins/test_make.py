@@ -404,3 +404,20 @@ def test_make_wheel_ships_the_plugin_and_gmount_sh_runs_from_it(cluster: LocalCl
     assert result.returncode == 0, result.stderr
     assert (here / "out.txt").read_text() == "n3\n" and holder_on_disk(cluster, wf, "out.txt") == "n3"
     assert filecmp.cmp(mk, MAKEFILE, shallow=False)
+
+
+def test_make_example_workflow_runs_where_the_tiles_are(cluster: LocalCluster) -> None:
+    for node, tile in (("n3", "tile-001"), ("n4", "tile-002")):
+        d = cluster.export(node) / "inputs" / "survey"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{tile}.txt").write_text(f"{tile} of the survey, on {node}\n")
+    (cluster.export("n1") / "make-example").mkdir()
+    shutil.copy(REPO / "examples" / "make" / "Makefile", cluster.export("n1") / "make-example" / "Makefile")
+    here = cluster.mount("n1") / "make-example"
+    result = make(here, "-j4")
+    assert result.returncode == 0, result.stderr
+    assert (here / "tile-001.node").read_text() == "tile-001 n3\n"
+    assert (here / "tile-002.node").read_text() == "tile-002 n4\n"
+    assert holder_on_disk(cluster, "make-example", "tile-001.words.txt") == "n3"
+    summary = (here / "survey-summary.txt").read_text()
+    assert summary.startswith("tile-001: 6 words\ntile-002: 6 words\n") and "TILE-002 OF THE SURVEY" in summary
