@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from importlib.metadata import entry_points
 
 import click
 
@@ -11,11 +12,6 @@ from . import demo, down, ls, place, probe, run, stage, status, up, where
 
 COMMANDS: list[click.Command] = [up.command, down.command, status.command, where.command, probe.command,
                                  ls.command, stage.command, place.command, run.command, demo.command]
-try:  # a plugin shipped beside gmountpy (plugins/) adds its command: `gmount pegasus`
-    from gmountpy_pegasus.cli import command as _pegasus
-    COMMANDS.append(_pegasus)
-except ImportError:
-    pass
 
 
 class _Group(click.Group):
@@ -40,3 +36,10 @@ def main() -> None:
 
 for _command in COMMANDS:
     main.add_command(_command)
+
+# Subcommands shipped by plugins (`gmount make`, `gmount pegasus`, ...): entry points in group `gmountpy.commands`.
+for _entry in entry_points(group="gmountpy.commands"):
+    try:
+        main.add_command(_entry.load())
+    except ImportError as _exc:  # a half-installed plugin must not take the whole CLI down
+        print(f"gmount: plugin command {_entry.name!r} is unusable ({_exc}); reinstall gmountpy", file=sys.stderr)
