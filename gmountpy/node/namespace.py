@@ -26,7 +26,7 @@ from typing import Any
 import trio
 
 from ..errors import PeerUnavailable
-from .export import Attr, Export
+from .export import Attr, Export, off_loop, pread, pwrite
 from .locator import FloodLocator, Location
 from .peers import PeerPool
 from .readahead import ReadAhead
@@ -172,7 +172,7 @@ class Namespace:
 
     async def statfs(self) -> tuple[int, ...]:
         """This node's export: creates land here, so its free space is what a writer has."""
-        return self.export.statfs()
+        return await off_loop(self.export.statfs)
 
     # -- file data -----------------------------------------------------------
 
@@ -191,7 +191,7 @@ class Namespace:
         writing = flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC
         location = await (self._original(path) if writing else self.lookup(path))
         if location.node == self.me:
-            fd = self.export.open(path, flags)
+            fd = await off_loop(self.export.open, path, flags)
             return FileHandle(path, self.me, Attr.from_stat(os.fstat(fd)), fd=fd)
         try:
             handle, attr = await self.peers.call(location.node, "open", path, flags)
@@ -204,14 +204,14 @@ class Namespace:
         return opened
 
     async def create(self, path: str, flags: int, mode: int) -> FileHandle:
-        fd = self.export.create(path, flags, mode)
+        fd = await off_loop(self.export.create, path, flags, mode)
         attr = Attr.from_stat(os.fstat(fd))
         self.locator.note_created(path, Location(self.me, attr))
         return FileHandle(path, self.me, attr, fd=fd, wrote=True)
 
     async def read(self, handle: FileHandle, offset: int, size: int) -> bytes:
         if handle.fd is not None:
-            return os.pread(handle.fd, size, offset)
+            return await pread(handle.fd, size, offset)
         if handle.reader is not None:
             return await handle.reader.read(offset, size)
         return await self._read_remote(handle, offset, size)
@@ -234,7 +234,7 @@ class Namespace:
             handle.reader.invalidate()
         self.locator.invalidate(handle.path)  # release() learns the final attributes
         if handle.fd is not None:
-            return os.pwrite(handle.fd, data, offset)
+            return await pwrite(handle.fd, data, offset)
         written = 0
         view = memoryview(data)
         while written < len(data):
@@ -244,7 +244,7 @@ class Namespace:
 
     async def fsync(self, handle: FileHandle, datasync: bool) -> None:
         if handle.fd is not None:
-            (os.fdatasync if datasync else os.fsync)(handle.fd)
+            await off_loop(os.fdatasync if datasync else os.fsync, handle.fd)
         else:
             await self.peers.call(handle.node, "fsync", handle.remote, datasync)
 
@@ -276,12 +276,12 @@ class Namespace:
     # -- namespace changes ---------------------------------------------------
 
     async def mkdir(self, path: str, mode: int) -> Attr:
-        attr = self.export.mkdir(path, mode)
+        attr = await off_loop(self.export.mkdir, path, mode)
         self.locator.note_created(path, Location(self.me, attr))
         return attr
 
     async def symlink(self, target: str, path: str) -> Attr:
-        attr = self.export.symlink(target, path)
+        attr = await off_loop(self.export.symlink, target, path)
         self.locator.note_created(path, Location(self.me, attr))
         return attr
 
@@ -369,7 +369,7 @@ class Namespace:
         attr: Attr | None = None
         if size is not None:
             if handle is not None and handle.fd is not None:
-                os.ftruncate(handle.fd, size)
+                await off_loop(os.ftruncate, handle.fd, size)
                 attr = Attr.from_stat(os.fstat(handle.fd))
             elif handle is not None:
                 attr = Attr.from_wire(await self.peers.call(node, "ftruncate", handle.remote, size))
@@ -408,7 +408,7 @@ class Namespace:
         # local_path: only when this node holds the file, so a job may bypass FUSE
         if location.node != self.me:
             raise OSError(errno.ENODATA, f"{path} is not on this node ({self.me}); it is on {location.node}")
-        return self.export.local_path(path).encode()
+        return (await off_loop(self.export.local_path, path)).encode()
 
     async def listxattr(self, path: str) -> list[str]:
         location = await self.lookup(path)
@@ -430,3 +430,42 @@ class Namespace:
             raise PermissionError(errno.EPERM, f"{name} is maintained by gmount and read-only")
         location = await self._original(path)
         await self.peers.call(location.node, "removexattr", path, name)
+
+    # -- special files, hard links, owners (additive: kept apart from the handlers above) ----------
+
+    async def mknod(self, path: str, mode: int, rdev: int) -> Attr:
+        """A FIFO, socket or device node, created on this node like any create.
+
+        Opening a FIFO through the mount never reaches the daemon: the kernel of the
+        node whose mount is used makes the pipe, so a writer and a reader on one node
+        talk through it; processes on different nodes each get their own node's pipe.
+        """
+        attr = await off_loop(self.export.mknod, path, mode, rdev)
+        self.locator.note_created(path, Location(self.me, attr))
+        return attr
+
+    async def link(self, src: str, dst: str) -> Attr:
+        """A hard link is link(2) on this node: its source must be a file of this node's export.
+
+        Creates land on the local node, and a hard link can only share an inode on one
+        disk, so a source held by another node answers EXDEV (`ln` reports it, `cp -l`
+        and `mv` fall back to copying) -- never EPERM.
+        """
+        location = await self._original(src)
+        if location.node != self.me:
+            raise OSError(errno.EXDEV, f"cannot hard-link {src}: it is held by node {location.node}, "
+                                       f"and links are made on this node ({self.me})")
+        if location.attr.is_dir:
+            raise PermissionError(errno.EPERM, f"{src} is a directory")
+        attr = await off_loop(self.export.link, src, dst)
+        self.locator.note_created(dst, Location(self.me, attr))
+        self.locator.learn(src, Location(self.me, attr))  # same inode: nlink changed for both names
+        return attr
+
+    async def chown(self, path: str, uid: int, gid: int) -> Attr:
+        """lchown on the file's holder (a replica's source); -1 keeps an id. The holder's
+        file system decides: root daemons may, others only as its rules allow (EPERM)."""
+        location = await self._original(path)
+        attr = Attr.from_wire(await self.peers.call(location.node, "chown", path, uid, gid))
+        self.locator.learn(path, Location(location.node, attr))
+        return attr
