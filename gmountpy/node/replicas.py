@@ -102,6 +102,7 @@ class ReplicaTable:
 
     def add(self, path: str, replica: Replica) -> None:
         with self._lock:
+            self._refuse_if_damaged()
             self._entries[path] = replica
             self._save()
 
