@@ -172,7 +172,7 @@ class Namespace:
 
     async def statfs(self) -> tuple[int, ...]:
         """This node's export: creates land here, so its free space is what a writer has."""
-        return await off_loop(self.export.statfs)
+        return self.export.statfs()
 
     # -- file data -----------------------------------------------------------
 
@@ -408,7 +408,7 @@ class Namespace:
         # local_path: only when this node holds the file, so a job may bypass FUSE
         if location.node != self.me:
             raise OSError(errno.ENODATA, f"{path} is not on this node ({self.me}); it is on {location.node}")
-        return (await off_loop(self.export.local_path, path)).encode()
+        return self.export.local_path(path).encode()
 
     async def listxattr(self, path: str) -> list[str]:
         location = await self.lookup(path)
