@@ -192,13 +192,18 @@ class Namespace:
         location = await (self._original(path) if writing else self.lookup(path))
         if location.node == self.me:
             fd = await off_loop(self.export.open, path, flags)
-            return FileHandle(path, self.me, Attr.from_stat(os.fstat(fd)), fd=fd)
+            local = FileHandle(path, self.me, Attr.from_stat(os.fstat(fd)), fd=fd)
+            if flags & os.O_TRUNC:  # the size cached before the open is wrong now
+                self.locator.learn(path, Location(self.me, local.attr))
+            return local
         try:
             handle, attr = await self.peers.call(location.node, "open", path, flags)
         except FileNotFoundError:
             self.locator.invalidate(path)  # it moved or went away since we cached it
             raise
         opened = FileHandle(path, location.node, Attr.from_wire(attr), remote=handle)
+        if flags & os.O_TRUNC:
+            self.locator.learn(path, Location(location.node, opened.attr))
         if self._nursery is not None:
             opened.reader = ReadAhead(lambda off, size: self._read_remote(opened, off, size), self._nursery)
         return opened

@@ -389,7 +389,8 @@ def chmod_and_ctime(d: Path) -> Any:
 @check
 def chmod_of_symlink(d: Path) -> Any:
     os.symlink("x", d / "l")
-    os.chmod(d / "l", 0o600, follow_symlinks=False)
+    if libc.fchmodat(-100, os.fsencode(d / "l"), 0o600, 0x100) != 0:  # AT_SYMLINK_NOFOLLOW
+        raise OSError(ctypes.get_errno(), "fchmodat")
 
 
 @check

@@ -248,3 +248,31 @@ def test_o_append_from_two_nodes_loses_no_record(cluster4: LocalCluster) -> None
     assert sorted(lines) == sorted(f"{node}-{i:03d}" for node in ("n1", "n2") for i in range(100))
     for node in ("n1", "n2"):  # each writer's records in its own order
         assert [line for line in lines if line.startswith(node)] == [f"{node}-{i:03d}" for i in range(100)]
+
+
+@pytest.mark.parametrize("holder", ["n1", "n3"])
+def test_open_with_o_trunc_shows_the_new_size_at_once(cluster4: LocalCluster, holder: str) -> None:
+    rel = f"{unique('trunc')}.bin"
+    put(cluster4, holder, rel, b"x" * 10000)
+    through = cluster4.mount("n1") / rel
+    assert os.stat(through).st_size == 10000
+    fd = os.open(through, os.O_WRONLY | os.O_TRUNC)
+    try:
+        assert os.fstat(fd).st_size == 0
+    finally:
+        os.close(fd)
+    assert os.stat(through).st_size == 0 == os.stat(cluster4.export(holder) / rel).st_size
+
+
+def test_a_directory_shows_its_new_nlink_and_mtime_after_creates_in_it(cluster4: LocalCluster) -> None:
+    top = cluster4.mount("n2") / unique("dirattr")
+    top.mkdir()
+    assert os.stat(top).st_nlink == 2
+    (top / "a").mkdir()
+    (top / "b").mkdir()
+    (top / "f").write_text("x")
+    on_disk = os.stat(cluster4.export("n2") / top.name)
+    seen = os.stat(top)
+    assert (seen.st_nlink, seen.st_mtime_ns) == (on_disk.st_nlink, on_disk.st_mtime_ns) and seen.st_nlink == 4
+    os.rmdir(top / "b")
+    assert os.stat(top).st_nlink == 3
