@@ -20,11 +20,11 @@ import time
 import uuid
 from typing import Any
 
+from .._trio import open_nursery
 from .export import Attr, Export, off_loop
 from .namespace import Namespace
 from .replicas import STAGED_XATTR, Replica, staged_mark
 from .service import MAX_IO, NodeService
-from .._trio import open_nursery
 
 log = logging.getLogger(__name__)
 

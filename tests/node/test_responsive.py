@@ -55,7 +55,7 @@ def slow_filesystem(mountpoint: Path) -> Iterator[Path]:
             process.stdout.close()
         with open("/proc/self/mounts") as f:
             if any(line.split(" ")[1] == str(mountpoint) for line in f):
-                subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True)
+                subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True, check=False)
 
 
 def _in_background(func) -> tuple[threading.Thread, dict[str, object]]:  # type: ignore[no-untyped-def]
@@ -64,7 +64,7 @@ def _in_background(func) -> tuple[threading.Thread, dict[str, object]]:  # type:
     def run() -> None:
         try:
             outcome["value"] = func()
-        except BaseException as exc:  # handed to the test below
+        except Exception as exc:  # noqa: BLE001 -- handed to the test below
             outcome["error"] = exc
 
     thread = threading.Thread(target=run, daemon=True)
@@ -102,7 +102,7 @@ def test_opening_a_fifo_without_a_peer_never_blocks_the_daemon(pair: LocalCluste
     (pair.export("n1") / "other.txt").write_text("still served\n")
     # A client (the API, a peer) opening the FIFO: with no writer, a blocking open would
     # never return, and the daemon would stop serving everything.
-    handle, attr = run_sync(lambda: call(pair.state, "n1", "open", "/lonely.fifo", os.O_RDONLY, timeout=5))
+    handle, _ = run_sync(lambda: call(pair.state, "n1", "open", "/lonely.fifo", os.O_RDONLY, timeout=5))
     assert isinstance(handle, int)
     with pytest.raises(OSError) as raised:  # a writer with no reader: ENXIO at once, as O_NONBLOCK answers
         run_sync(lambda: call(pair.state, "n1", "open", "/lonely.fifo", os.O_WRONLY, timeout=5))
