@@ -191,7 +191,10 @@ class Namespace:
         writing = flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC
         location = await (self._original(path) if writing else self.lookup(path))
         if location.node == self.me:
-            fd = await off_loop(self.export.open, path, flags)
+            # An open walks the path like a lookup (kept on the event loop, see service.INLINE_OPS);
+            # only a truncating open, which may free a large file's blocks, goes to a thread.
+            fd = (await off_loop(self.export.open, path, flags) if flags & os.O_TRUNC
+                  else self.export.open(path, flags))
             local = FileHandle(path, self.me, Attr.from_stat(os.fstat(fd)), fd=fd)
             if flags & os.O_TRUNC:  # the size cached before the open is wrong now
                 self.locator.learn(path, Location(self.me, local.attr))

@@ -37,6 +37,8 @@ HANDLE_OPS = frozenset({"open", "read", "write", "fsync", "fstat", "close", "ftr
 #: disk -- listings, opens, data, fsync, truncates, creates, removals -- runs in a
 #: worker thread. (A disk that hangs outright therefore still stalls lookups.)
 INLINE_OPS = frozenset({"ping", "lookup", "locate", "readlink", "getxattr", "listxattr", "statfs"})
+# (op_open too, unless it truncates: an open walks a path like a lookup; a FIFO or device is
+# opened non-blocking, so it never waits for a peer.)
 
 
 def _absent(exc: OSError) -> bool:
@@ -353,7 +355,8 @@ class NodeService:
                 os.close(fd)
                 raise
 
-        fd, attr = await off_loop(open_and_stat)
+        # Like a lookup, an open stays on the event loop unless it truncates (see INLINE_OPS).
+        fd, attr = await off_loop(open_and_stat) if _int(flags, "flags") & os.O_TRUNC else open_and_stat()
         return handles.add(fd), attr
 
     async def op_read(self, handles: _Handles, handle: int, offset: int, size: int) -> bytes:
