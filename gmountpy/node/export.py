@@ -50,7 +50,9 @@ async def off_loop(func: Callable[..., T], *args: Any) -> T:
     return await trio.to_thread.run_sync(func, *args, limiter=limiter)
 
 
-_read_buffer = bytearray(1 << 20)  # reused by reads done on the event loop (one at a time)
+#: Buffers reused by the reads done on the event loop (one at a time), one per request size:
+#: preadv into an exact-size bytearray is as fast as pread; into a slice of a bigger one, 6x slower.
+_read_buffers: dict[int, bytearray] = {}
 
 
 async def pread(fd: int, size: int, offset: int) -> bytes:
@@ -61,21 +63,23 @@ async def pread(fd: int, size: int, offset: int) -> bytes:
     in a worker thread. Reads of recently written or re-read files, the common
     case, cost no thread hop.
     """
-    global _read_buffer
     if size <= 0:
         return b""
-    if len(_read_buffer) < size:
-        _read_buffer = bytearray(size)
-    with memoryview(_read_buffer) as whole, whole[:size] as view:
-        try:
-            got = os.preadv(fd, [view], offset, os.RWF_NOWAIT)
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EOPNOTSUPP, errno.EINVAL):
-                raise
-            got = -1
-        # short because of the end of file, not because the rest would have to be waited for
-        if got == size or (got >= 0 and offset + got >= os.fstat(fd).st_size):
-            return bytes(view[:got])
+    buffer = _read_buffers.get(size)
+    if buffer is None:
+        if len(_read_buffers) >= 8:
+            _read_buffers.clear()
+        buffer = _read_buffers[size] = bytearray(size)
+    try:
+        got = os.preadv(fd, [buffer], offset, os.RWF_NOWAIT)
+    except OSError as exc:
+        if exc.errno not in (errno.EAGAIN, errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        got = -1
+    if got == size:
+        return bytes(buffer)
+    if got >= 0 and offset + got >= os.fstat(fd).st_size:  # short because of the end of file
+        return bytes(buffer[:got])
     return await off_loop(os.pread, fd, size, offset)
 
 
