@@ -23,7 +23,7 @@ _PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
 _PLACEHOLDERS = ("node", "site", "cluster")
 LAUNCHERS = ("local", "ssh")
 
-_TOP_KEYS = ("name", "launcher", "intra_site_rtt_ms", "tls", "defaults", "nodes", "sites", "links", "tuning", "ssh")
+_TOP_KEYS = ("name", "launcher", "intra_site_rtt_ms", "tls", "allow_other", "defaults", "nodes", "sites", "links", "tuning", "ssh")
 _NODE_KEYS = ("export", "mountpoint", "listen", "port", "host", "ssh_port", "python", "slots")
 _SITE_KEYS = ("nodes",)
 _LINK_KEYS = ("sites", "rtt_ms")
@@ -128,6 +128,9 @@ class ClusterSpec:
     source: str | None = None
     ssh: SshOptions = field(default_factory=SshOptions)
     tls: bool = False  # encrypt peer connections (per-cluster CA made by the launcher)
+    # let other local users (and root-run services) use the mounts; the kernel checks modes
+    # (default_permissions). Non-root daemons need `user_allow_other` in /etc/fuse.conf.
+    allow_other: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (str/int/float/bool/None/list/dict) so the spec can cross the wire."""
@@ -142,6 +145,7 @@ class ClusterSpec:
             "source": self.source,
             "ssh": self.ssh.to_dict(),
             "tls": self.tls,
+            "allow_other": self.allow_other,
         }
 
     @classmethod
@@ -150,7 +154,7 @@ class ClusterSpec:
         _expect_table(data, "spec")
         required = ("name", "launcher", "intra_site_rtt_ms", "sites", "nodes", "links", "tuning", "source")
         # "ssh" is optional so that state files written before it existed still load.
-        _check_keys({k: v for k, v in data.items() if k not in ("ssh", "tls")}, required, "spec dict", required=True)
+        _check_keys({k: v for k, v in data.items() if k not in ("ssh", "tls", "allow_other")}, required, "spec dict", required=True)
         sites_raw = _expect_table(data["sites"], "sites")
         sites = {
             _check_name(site, f"sites.{site}", what="site name"): tuple(
@@ -191,6 +195,7 @@ class ClusterSpec:
             source=source,
             ssh=SshOptions.from_dict(data["ssh"]) if "ssh" in data else SshOptions(),
             tls=_boolean(data.get("tls", False), "tls"),
+            allow_other=_boolean(data.get("allow_other", False), "allow_other"),
         )
         _validate(spec)
         return spec
@@ -239,6 +244,7 @@ def _parse(data: dict[str, Any], base_dir: str, source: str | None) -> ClusterSp
     launcher = _check_launcher(data.get("launcher", "local"))
     intra = _number(data.get("intra_site_rtt_ms", 0.15), "intra_site_rtt_ms", zero_ok=False)
     tls = _boolean(data.get("tls", False), "tls")
+    allow_other = _boolean(data.get("allow_other", False), "allow_other")
 
     sites = _parse_sites(data)
     site_of = {node: site for site, names in sites.items() for node in names}
@@ -287,6 +293,7 @@ def _parse(data: dict[str, Any], base_dir: str, source: str | None) -> ClusterSp
         source=source,
         ssh=ssh,
         tls=tls,
+        allow_other=allow_other,
     )
 
 

@@ -4,4 +4,4 @@ A leaf alias: no gmountpy module imports it; the plugin imports only
 gmountpy's public API, so imports still flow plugin -> core.
 """
 
-from gmountpy_pegasus import *
+from gmountpy_pegasus import *  # noqa: F403

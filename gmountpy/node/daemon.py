@@ -94,6 +94,25 @@ def _prepare_dirs(export: str, mountpoint: str) -> None:
         raise GmountError(f"mountpoint {mountpoint} is not empty: choose an empty directory")
 
 
+FUSE_CONF = "/etc/fuse.conf"
+
+
+def check_allow_other(node: str, euid: int, fuse_conf: str = FUSE_CONF) -> None:
+    """allow_other needs root or `user_allow_other` in /etc/fuse.conf; say so before mounting."""
+    if euid == 0:
+        return
+    try:
+        with open(fuse_conf) as f:
+            allowed = any(line.strip() == "user_allow_other" for line in f)
+    except OSError:
+        allowed = False
+    if not allowed:
+        raise GmountError(f"node {node}: the cluster file sets allow_other, but {fuse_conf} on this host has no "
+                          f"`user_allow_other` line, so a non-root user may not mount with allow_other. "
+                          f"Fix: add a line `user_allow_other` to {fuse_conf} (as root), or remove allow_other "
+                          "from the cluster file")
+
+
 class NodeDaemon:
     def __init__(self, spec: ClusterSpec, me: str, secret: bytes,
                  credentials: NodeCredentials | None = None) -> None:
@@ -186,6 +205,8 @@ class NodeDaemon:
             options = set(pyfuse3.default_options)
             options.add(f"fsname=gmount-{self.spec.name}-{self.me}")
             options.add("subtype=gmount")
+            if self.spec.allow_other:
+                options.add("allow_other")  # with default_permissions: the kernel checks modes
             pyfuse3.init(ops, self.node.mountpoint, options)
             try:
                 log.info("node %s mounted %s (export %s)", self.me, self.node.mountpoint, self.node.export)
@@ -248,6 +269,8 @@ def main() -> int:
         _prepare_dirs(node.export, node.mountpoint)
         if not os.access("/dev/fuse", os.R_OK | os.W_OK):
             raise GmountError("/dev/fuse is not usable by this user: FUSE is needed on every node")
+        if spec.allow_other:
+            check_allow_other(me, os.geteuid())
         try:
             sock = socket.create_server((node.listen, node.port))
         except OSError as exc:

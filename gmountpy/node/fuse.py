@@ -11,6 +11,7 @@ import errno
 import functools
 import logging
 import os
+import stat
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -207,10 +208,10 @@ class GmountOperations(pyfuse3.Operations):
                       fh: int | None, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         path = self.inodes.path(inode)
         if fields.update_uid or fields.update_gid:
-            current = (await self.ns.lookup(path)).attr
-            if ((fields.update_uid and attr.st_uid != current.uid)
-                    or (fields.update_gid and attr.st_gid != current.gid)):
-                raise OSError(errno.EPERM, "changing owners is not supported")
+            owned = await self.ns.chown(path, attr.st_uid if fields.update_uid else -1,
+                                        attr.st_gid if fields.update_gid else -1)
+            if not (fields.update_mode or fields.update_size or fields.update_atime or fields.update_mtime):
+                return self._entry(inode, owned)
         new = await self.ns.setattr(
             path,
             mode=attr.st_mode if fields.update_mode else None,
@@ -265,7 +266,7 @@ class GmountOperations(pyfuse3.Operations):
     async def mkdir(self, parent_inode: int, name: bytes, mode: int,
                     ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         path = self._child(parent_inode, name)
-        attr = await self.ns.mkdir(path, mode & ~ctx.umask)
+        attr = await self._give_to_caller(path, await self.ns.mkdir(path, mode & ~ctx.umask), ctx)
         return self._entry(self.inodes.remember(path), attr)
 
     @_fuse_errors
@@ -284,7 +285,7 @@ class GmountOperations(pyfuse3.Operations):
     async def symlink(self, parent_inode: int, name: bytes, target: bytes,
                       ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         path = self._child(parent_inode, name)
-        attr = await self.ns.symlink(os.fsdecode(target), path)
+        attr = await self._give_to_caller(path, await self.ns.symlink(os.fsdecode(target), path), ctx)
         return self._entry(self.inodes.remember(path), attr)
 
     @_fuse_errors
@@ -328,6 +329,7 @@ class GmountOperations(pyfuse3.Operations):
                      ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         path = self._child(parent_inode, name)
         handle = await self.ns.create(path, flags, mode & ~ctx.umask)
+        handle.attr = await self._give_to_caller(path, handle.attr, ctx)
         inode = self.inodes.remember(path)
         entry = self._entry(inode, handle.attr)
         return await self._file_info(inode, handle), entry
@@ -393,6 +395,32 @@ class GmountOperations(pyfuse3.Operations):
     @_fuse_errors
     async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         await self.ns.removexattr(self.inodes.path(inode), os.fsdecode(name))
+
+    # -- special files, hard links, owners of new files --------------------------------
+
+    @_fuse_errors
+    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int,
+                    ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        path = self._child(parent_inode, name)
+        attr = await self.ns.mknod(path, mode & ~ctx.umask, rdev)
+        attr = await self._give_to_caller(path, attr, ctx)
+        return self._entry(self.inodes.remember(path), attr)
+
+    @_fuse_errors
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes,
+                   ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        dst = self._child(new_parent_inode, new_name)
+        attr = await self.ns.link(self.inodes.path(inode), dst)
+        return self._entry(self.inodes.remember(dst), attr)
+
+    async def _give_to_caller(self, path: str, attr: Attr, ctx: pyfuse3.RequestContext) -> Attr:
+        """A root daemon serving other users (allow_other) makes their new files theirs, as the
+        kernel would; a non-root daemon cannot, so their files belong to the daemon's user."""
+        if os.geteuid() != 0 or (attr.uid, attr.gid) == (ctx.uid, ctx.gid):
+            return attr
+        parent = path.rsplit("/", 1)[0] or "/"
+        setgid_parent = bool((await self.ns.lookup(parent)).attr.mode & stat.S_ISGID)
+        return await self.ns.chown(path, ctx.uid, -1 if setgid_parent else ctx.gid)
 
 
 __all__ = ["GmountOperations", "ROOT_INODE"]

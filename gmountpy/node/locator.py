@@ -277,15 +277,19 @@ class FloodLocator:
 
     def note_created(self, path: str, location: Location) -> None:
         self.learn(path, location)
+        self._positive.pop(_parent(path), None)  # the directory's nlink, mtime and ctime changed
 
     def note_removed(self, path: str) -> None:
         self._positive.pop(path, None)
+        self._positive.pop(_parent(path), None)
         self._last_holder.pop(path, None)
         self._mark_stale(path)
         self._remember_negative(path)
 
     def note_renamed(self, src: str, dst: str, is_dir: bool) -> None:
         """Forget both names; for a directory also everything below them (children moved)."""
+        self._positive.pop(_parent(src), None)
+        self._positive.pop(_parent(dst), None)
         for cache in (self._positive, self._negative, self._last_holder):
             cache.pop(src, None)
             cache.pop(dst, None)
@@ -339,6 +343,10 @@ class FloodLocator:
     def statistics(self) -> LocatorStatistics:
         return LocatorStatistics(self._hits, self._negative_hits, self._misses, self._remote,
                                  len(self._positive))
+
+
+def _parent(path: str) -> str:
+    return path.rsplit("/", 1)[0] or "/"
 
 
 class _Flight:

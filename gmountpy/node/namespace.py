@@ -34,7 +34,7 @@ from typing import Any
 import trio
 
 from ..errors import PeerUnavailable
-from .export import Attr, Export, split_path
+from .export import Attr, Export, off_loop, pread, pwrite, split_path
 from .locator import AbsentForNow, Location, Locator
 from .peers import PeerPool
 from .readahead import ReadAhead
@@ -218,7 +218,10 @@ class Namespace:
 
     async def _open_at(self, location: Location, path: str, flags: int) -> FileHandle:
         if location.node == self.me:
-            fd = self.export.open(path, flags)
+            # An open walks the path like a lookup (kept on the event loop, see service.INLINE_OPS);
+            # only a truncating open, which may free a large file's blocks, goes to a thread.
+            fd = (await off_loop(self.export.open, path, flags) if flags & os.O_TRUNC
+                  else self.export.open(path, flags))
             opened = FileHandle(path, self.me, Attr.from_stat(os.fstat(fd)), fd=fd)
         else:
             handle, attr = await self.peers.call(location.node, "open", path, flags)
@@ -226,6 +229,8 @@ class Namespace:
             if self._nursery is not None:
                 reader = opened
                 opened.reader = ReadAhead(lambda off, size: self._read_remote(reader, off, size), self._nursery)
+        if flags & os.O_TRUNC:  # the size cached before the open is wrong now
+            self.locator.learn(path, Location(opened.node, opened.attr))
         return opened
 
     async def create(self, path: str, flags: int, mode: int) -> FileHandle:
@@ -237,7 +242,7 @@ class Namespace:
             if existing.attr.is_dir:
                 raise IsADirectoryError(errno.EISDIR, f"{path} is a directory (on node {existing.node})")
             return await self.open(path, flags & ~(os.O_CREAT | os.O_EXCL))
-        fd = self.export.create(path, flags, mode)
+        fd = await off_loop(self.export.create, path, flags, mode)
         attr = Attr.from_stat(os.fstat(fd))
         self.locator.note_created(path, Location(self.me, attr))
         handle = FileHandle(path, self.me, attr, fd=fd, wrote=True)
@@ -280,7 +285,7 @@ class Namespace:
 
     async def read(self, handle: FileHandle, offset: int, size: int) -> bytes:
         if handle.fd is not None:
-            return os.pread(handle.fd, size, offset)
+            return await pread(handle.fd, size, offset)
         if handle.reader is not None:
             return await handle.reader.read(offset, size)
         return await self._read_remote(handle, offset, size)
@@ -309,7 +314,7 @@ class Namespace:
             handle.reader.invalidate()
         self.locator.invalidate(handle.path)  # release() learns the final attributes
         if handle.fd is not None:
-            return os.pwrite(handle.fd, data, offset)
+            return await pwrite(handle.fd, data, offset)
         written = 0
         view = memoryview(data)
         while written < len(data):
@@ -319,7 +324,7 @@ class Namespace:
 
     async def fsync(self, handle: FileHandle, datasync: bool) -> None:
         if handle.fd is not None:
-            (os.fdatasync if datasync else os.fsync)(handle.fd)
+            await off_loop(os.fdatasync if datasync else os.fsync, handle.fd)
         else:
             await self.peers.call(handle.node, "fsync", handle.remote, datasync)
 
@@ -360,14 +365,14 @@ class Namespace:
 
     async def mkdir(self, path: str, mode: int) -> Attr:
         await self._refuse_existing(path)
-        attr = self.export.mkdir(path, mode)
+        attr = await off_loop(self.export.mkdir, path, mode)
         self.locator.note_created(path, Location(self.me, attr))
         await self._announce_created(path, is_dir=True)
         return attr
 
     async def symlink(self, target: str, path: str) -> Attr:
         await self._refuse_existing(path)
-        attr = self.export.symlink(target, path)
+        attr = await off_loop(self.export.symlink, target, path)
         self.locator.note_created(path, Location(self.me, attr))
         await self._announce_created(path)
         return attr
@@ -466,7 +471,7 @@ class Namespace:
         attr: Attr | None = None
         if size is not None:
             if handle is not None and handle.fd is not None:
-                os.ftruncate(handle.fd, size)
+                await off_loop(os.ftruncate, handle.fd, size)
                 attr = Attr.from_stat(os.fstat(handle.fd))
             elif handle is not None:
                 attr = Attr.from_wire(await self.peers.call(node, "ftruncate", handle.remote, size))
@@ -527,3 +532,46 @@ class Namespace:
             raise PermissionError(errno.EPERM, f"{name} is maintained by gmount and read-only")
         location = await self._original(path)
         await self.peers.call(location.node, "removexattr", path, name)
+
+    # -- special files, hard links, owners (additive: kept apart from the handlers above) ----------
+
+    async def mknod(self, path: str, mode: int, rdev: int) -> Attr:
+        """A FIFO, socket or device node, created on this node like any create.
+
+        Opening a FIFO through the mount never reaches the daemon: the kernel of the
+        node whose mount is used makes the pipe, so a writer and a reader on one node
+        talk through it; processes on different nodes each get their own node's pipe.
+        """
+        await self._refuse_existing(path)
+        attr = await off_loop(self.export.mknod, path, mode, rdev)
+        self.locator.note_created(path, Location(self.me, attr))
+        await self._announce_created(path)
+        return attr
+
+    async def link(self, src: str, dst: str) -> Attr:
+        """A hard link is link(2) on this node: its source must be a file of this node's export.
+
+        Creates land on the local node, and a hard link can only share an inode on one
+        disk, so a source held by another node answers EXDEV (`ln` reports it, `cp -l`
+        and `mv` fall back to copying) -- never EPERM.
+        """
+        location = await self._original(src)
+        if location.node != self.me:
+            raise OSError(errno.EXDEV, f"cannot hard-link {src}: it is held by node {location.node}, "
+                                       f"and links are made on this node ({self.me})")
+        if location.attr.is_dir:
+            raise PermissionError(errno.EPERM, f"{src} is a directory")
+        await self._refuse_existing(dst)
+        attr = await off_loop(self.export.link, src, dst)
+        self.locator.note_created(dst, Location(self.me, attr))
+        self.locator.learn(src, Location(self.me, attr))  # same inode: nlink changed for both names
+        await self._announce_created(dst)
+        return attr
+
+    async def chown(self, path: str, uid: int, gid: int) -> Attr:
+        """lchown on the file's holder (a replica's source); -1 keeps an id. The holder's
+        file system decides: root daemons may, others only as its rules allow (EPERM)."""
+        location = await self._original(path)
+        attr = Attr.from_wire(await self.peers.call(location.node, "chown", path, uid, gid))
+        self.locator.learn(path, Location(location.node, attr))
+        return attr

@@ -9,24 +9,36 @@ connection and are closed when it ends, so a crashed peer leaks nothing.
 from __future__ import annotations
 
 import errno
-import os
-from collections.abc import Awaitable, Callable
-from typing import Any
-
 import hashlib
 import inspect
-
-import trio
+import logging
+import os
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 from ..rpc import Session
-from .export import Attr, Export
-from .replicas import Replica, ReplicaTable
+from .export import Attr, Export, off_loop, pread, pwrite
+from .replicas import STAGED_XATTR, Replica, ReplicaTable, is_marked_copy
+
+log = logging.getLogger(__name__)
 
 #: Largest single read or write a peer may ask for.
 MAX_IO = 4 * 1024 * 1024
 #: Entries in one listdir reply; a bigger directory is read in pages (opendir/readdir),
 #: because one reply must fit in a frame (about 60 bytes an entry, 16 MiB a frame).
 LISTDIR_MAX = 50_000
+#: Operations that take a connection's handle table as their first argument.
+HANDLE_OPS = frozenset({"open", "read", "write", "fsync", "fstat", "close", "ftruncate", "opendir", "readdir",
+                        "closedir"})
+#: Operations kept on the event loop: answered from memory, or one syscall on one entry
+#: (an lstat, a readlink) that costs ~3 us where a thread hop costs 100-200 us, and a
+#: lookup is the most frequent request there is. Everything else that touches the
+#: disk -- listings, opens, data, fsync, truncates, creates, removals -- runs in a
+#: worker thread. (A disk that hangs outright therefore still stalls lookups.)
+INLINE_OPS = frozenset({"ping", "lookup", "locate", "readlink", "getxattr", "listxattr", "statfs"})
+# (op_open too, unless it truncates: an open walks a path like a lookup; a FIFO or device is
+# opened non-blocking, so it never waits for a peer.)
 
 
 def _absent(exc: OSError) -> bool:
@@ -34,12 +46,43 @@ def _absent(exc: OSError) -> bool:
 
 
 class _Handles:
-    """Descriptors opened on behalf of one peer connection."""
+    """Descriptors opened on behalf of one peer connection.
+
+    Reads and writes run in worker threads, so a peer may close a handle (after
+    its own timeout) while a call on it is still running: the descriptor is then
+    closed when that call returns, never under it (its number could be reused by
+    the next open, and the call would touch another file).
+    """
 
     def __init__(self) -> None:
         self.fds: dict[int, int] = {}
         self.listings: dict[int, list[Any]] = {}  # directory snapshots being paged through
         self.next = 1
+        self._busy: dict[int, int] = {}      # handle -> calls running on it
+        self._closing: dict[int, int] = {}   # handle -> fd to close when its last call returns
+
+    @contextmanager
+    def using(self, handle: int) -> Iterator[int]:
+        fd = self.get(handle)
+        self._busy[handle] = self._busy.get(handle, 0) + 1
+        try:
+            yield fd
+        finally:
+            left = self._busy[handle] - 1
+            if left:
+                self._busy[handle] = left
+            else:
+                del self._busy[handle]
+                if handle in self._closing:
+                    os.close(self._closing.pop(handle))
+
+    def close(self, handle: int) -> None:
+        fd = self.get(handle)
+        del self.fds[handle]
+        if handle in self._busy:
+            self._closing[handle] = fd
+        else:
+            os.close(fd)
 
     def add(self, fd: int) -> int:
         handle = self.next
@@ -66,9 +109,8 @@ class _Handles:
             raise OSError(errno.EBADF, f"no open directory handle {handle!r}") from None
 
     def close_all(self) -> None:
-        for fd in self.fds.values():
-            os.close(fd)
-        self.fds.clear()
+        for handle in list(self.fds):
+            self.close(handle)
         self.listings.clear()
 
 
@@ -86,6 +128,7 @@ class NodeService:
                  replicas: ReplicaTable | None = None) -> None:
         self.export = export
         self.replicas = replicas if replicas is not None else ReplicaTable()
+        self._remove_leftover_temporaries()
         self.info = info
         self._extra = extra or {}
         self._ops: dict[str, Callable[..., Any]] = {
@@ -98,13 +141,30 @@ class NodeService:
         method = self._ops.get(op)
         if method is None:
             raise OSError(errno.ENOSYS, f"unknown operation {op!r}")
-        if op in ("open", "read", "write", "fsync", "fstat", "close", "ftruncate", "opendir", "readdir",
-                  "closedir"):
-            return method(self._handles(session), *args)
-        result = method(*args)
+        if op in HANDLE_OPS:
+            result = method(self._handles(session), *args)
+        elif op in INLINE_OPS or inspect.iscoroutinefunction(method):
+            result = method(*args)
+        else:
+            # Every other operation touches the export's disk: a worker thread keeps a slow
+            # disk or a stuck call from stalling the requests of every other caller.
+            return await off_loop(method, *args)
         if inspect.iscoroutine(result):
             return await result
         return result
+
+    def _remove_leftover_temporaries(self) -> None:
+        """Stagings interrupted by a crash left their temporary copies: never show them as files."""
+        leftovers = self.replicas.leftover_temporaries()
+        for temporary in leftovers:
+            try:
+                self.export.unlink(temporary)
+                log.info("removed %s, left over from an interrupted staging", temporary)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("cannot remove %s, left over from an interrupted staging: %s", temporary, exc)
+        self.replicas.end_staging(leftovers)
 
     @staticmethod
     def _handles(session: Session) -> _Handles:
@@ -121,12 +181,26 @@ class NodeService:
 
     def op_lookup(self, path: str) -> Attr | None:
         """Attributes if this node holds `path`, None if not (a negative is not an error)."""
+        if self.replicas.is_staging_temporary(path):
+            return None  # a staging copy in progress is nobody's file yet
         try:
-            return self.export.lstat(path)
+            attr = self.export.lstat(path)
         except OSError as exc:
             if _absent(exc):
                 return None
             raise
+        if self.replicas.damaged is not None and self._marked_copy(path, attr):
+            return None
+        return attr
+
+    def _marked_copy(self, path: str, attr: Attr) -> bool:
+        """With a damaged replica table: is this file a staged copy (by its mark)? Then hide it."""
+        if not attr.is_file:
+            return False
+        try:
+            return is_marked_copy(self.export.getxattr(path, STAGED_XATTR), attr)
+        except OSError:
+            return False
 
     def op_locate(self, path: str) -> tuple[Attr, tuple[str, int, int] | None] | None:
         """Like lookup, plus (source, size, mtime) when this node's copy is a staged replica."""
@@ -158,20 +232,19 @@ class NodeService:
 
     async def op_checksum(self, path: str) -> tuple[int, str]:
         """(size, sha256) of a file here, hashed in a worker thread so the node keeps serving."""
-        fd = self.export.open(path, os.O_RDONLY)
-
         def digest() -> tuple[int, str]:
-            h = hashlib.sha256()
-            size = 0
-            while chunk := os.read(fd, 1 << 20):
-                h.update(chunk)
-                size += len(chunk)
-            return size, h.hexdigest()
+            fd = self.export.open(path, os.O_RDONLY)
+            try:
+                h = hashlib.sha256()
+                size = 0
+                while chunk := os.read(fd, 1 << 20):
+                    h.update(chunk)
+                    size += len(chunk)
+                return size, h.hexdigest()
+            finally:
+                os.close(fd)
 
-        try:
-            return await trio.to_thread.run_sync(digest)
-        finally:
-            os.close(fd)
+        return await off_loop(digest)
 
     def op_listdir(self, path: str) -> list[tuple[str, Attr] | tuple[str, Attr, str]] | None:
         """Entries with attributes; a staged replica's entry carries its source node third.
@@ -183,9 +256,9 @@ class NodeService:
             raise OSError(errno.EFBIG, f"{path} has {len(entries)} entries: list it in pages (opendir)")
         return entries
 
-    def op_opendir(self, handles: _Handles, path: str) -> tuple[int, int] | None:
+    async def op_opendir(self, handles: _Handles, path: str) -> tuple[int, int] | None:
         """Snapshot a directory's listing for paging: (handle, number of entries), None if absent."""
-        entries = self._listing(path)
+        entries = await off_loop(self._listing, path)
         if entries is None:
             return None
         return handles.add_listing(entries), len(entries)
@@ -205,11 +278,15 @@ class NodeService:
             if _absent(exc):
                 return None
             raise
-        if not len(self.replicas):
-            return entries  # type: ignore[return-value]
         prefix = path.rstrip("/") + "/"
+        if self.replicas.damaged is not None:
+            return [(name, attr) for name, attr in entries if not self._marked_copy(prefix + name, attr)]
+        if not len(self.replicas) and not self.replicas.leftover_temporaries():
+            return entries  # type: ignore[return-value]
         result: list[tuple[str, Attr] | tuple[str, Attr, str]] = []
         for name, attr in entries:
+            if self.replicas.is_staging_temporary(prefix + name):
+                continue
             replica = self.replica(prefix + name, attr) if self.replicas.get(prefix + name) else None
             result.append((name, attr) if replica is None else (name, attr, replica.source))
         return result
@@ -246,6 +323,15 @@ class NodeService:
     def op_symlink(self, target: str, path: str) -> Attr:
         return self.export.symlink(target, path)
 
+    def op_mknod(self, path: str, mode: int, rdev: int) -> Attr:
+        return self.export.mknod(path, _int(mode, "mode"), _int(rdev, "rdev"))
+
+    def op_link(self, src: str, dst: str) -> Attr:
+        return self.export.link(src, dst)
+
+    def op_chown(self, path: str, uid: int, gid: int) -> Attr:
+        return self.export.chown(path, _int(uid, "uid"), _int(gid, "gid"))
+
     def op_getxattr(self, path: str, name: str) -> bytes:
         return self.export.getxattr(path, name)
 
@@ -260,41 +346,44 @@ class NodeService:
 
     # -- file data, through handles owned by the connection ----------------
 
-    def op_open(self, handles: _Handles, path: str, flags: int) -> tuple[int, Attr]:
-        fd = self.export.open(path, _int(flags, "flags"))
-        try:
-            attr = Attr.from_stat(os.fstat(fd))
-        except OSError:
-            os.close(fd)
-            raise
+    async def op_open(self, handles: _Handles, path: str, flags: int) -> tuple[int, Attr]:
+        def open_and_stat() -> tuple[int, Attr]:
+            fd = self.export.open(path, _int(flags, "flags"))
+            try:
+                return fd, Attr.from_stat(os.fstat(fd))
+            except OSError:
+                os.close(fd)
+                raise
+
+        # Like a lookup, an open stays on the event loop unless it truncates (see INLINE_OPS).
+        fd, attr = await off_loop(open_and_stat) if _int(flags, "flags") & os.O_TRUNC else open_and_stat()
         return handles.add(fd), attr
 
-    def op_read(self, handles: _Handles, handle: int, offset: int, size: int) -> bytes:
+    async def op_read(self, handles: _Handles, handle: int, offset: int, size: int) -> bytes:
         if not 0 <= _int(size, "size") <= MAX_IO:
             raise OSError(errno.EINVAL, f"read size {size} outside 0..{MAX_IO}")
-        return os.pread(handles.get(handle), size, _int(offset, "offset"))
+        with handles.using(handle) as fd:
+            return await pread(fd, size, _int(offset, "offset"))
 
-    def op_write(self, handles: _Handles, handle: int, offset: int, data: bytes) -> int:
+    async def op_write(self, handles: _Handles, handle: int, offset: int, data: bytes) -> int:
         if not isinstance(data, bytes) or len(data) > MAX_IO:
             raise OSError(errno.EINVAL, "write data must be bytes of at most 4 MiB")
-        return os.pwrite(handles.get(handle), data, _int(offset, "offset"))
+        with handles.using(handle) as fd:
+            return await pwrite(fd, data, _int(offset, "offset"))
 
-    def op_fsync(self, handles: _Handles, handle: int, datasync: bool) -> None:
-        fd = handles.get(handle)
-        if datasync:
-            os.fdatasync(fd)
-        else:
-            os.fsync(fd)
+    async def op_fsync(self, handles: _Handles, handle: int, datasync: bool) -> None:
+        with handles.using(handle) as fd:
+            await off_loop(os.fdatasync if datasync else os.fsync, fd)
 
     def op_fstat(self, handles: _Handles, handle: int) -> Attr:
-        return Attr.from_stat(os.fstat(handles.get(handle)))
+        return Attr.from_stat(os.fstat(handles.get(handle)))  # the inode is in memory: never waits
 
-    def op_ftruncate(self, handles: _Handles, handle: int, size: int) -> Attr:
-        fd = handles.get(handle)
-        os.ftruncate(fd, _int(size, "size"))
-        return Attr.from_stat(os.fstat(fd))
+    async def op_ftruncate(self, handles: _Handles, handle: int, size: int) -> Attr:
+        with handles.using(handle) as fd:
+            def truncate() -> Attr:
+                os.ftruncate(fd, _int(size, "size"))
+                return Attr.from_stat(os.fstat(fd))
+            return await off_loop(truncate)
 
     def op_close(self, handles: _Handles, handle: int) -> None:
-        fd = handles.get(handle)
-        del handles.fds[handle]
-        os.close(fd)
+        handles.close(handle)

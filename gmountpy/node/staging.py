@@ -2,28 +2,31 @@
 
 Runs on the target node: it pulls the bytes straight from the source holder
 (several 4 MiB reads in flight), writes them to a temporary file beside the
-destination, checks size and SHA-256 against the source's own checksum,
-gives the copy the source's mtime, and renames it into place. The copy is
-recorded as a replica (see replicas.py) so it serves reads here only while
-the source is unchanged.
+destination, gives it the source's mtime, and checks size and SHA-256 of what
+landed on disk against the source's own checksum -- all before the copy has
+its name. Only then is it recorded as a replica (see replicas.py, written
+durably) and renamed into place, in that order, so a crash never leaves a
+staged copy that looks like an original. The replica serves reads here only
+while the source is unchanged.
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
+import logging
 import os
 import time
 import uuid
 from typing import Any
 
-import trio
-
-from .export import Attr
-from .namespace import Namespace
-from .replicas import Replica
-from .service import MAX_IO, NodeService
 from .._trio import open_nursery
+from .export import Attr, Export, off_loop
+from .namespace import Namespace
+from .replicas import STAGED_XATTR, Replica, staged_mark
+from .service import MAX_IO, NodeService
+
+log = logging.getLogger(__name__)
 
 IN_FLIGHT = 4
 
@@ -49,59 +52,94 @@ async def stage_file(namespace: Namespace, service: NodeService, path: str) -> d
         return {"status": "up-to-date", "source": source.node, "size": replica.local_size,
                 "sha256": replica.sha256, "seconds": time.monotonic() - started}
 
-    size, digest = await _copy(namespace, source.node, source.attr, path)
-    source_size, source_digest = await namespace.peers.call(source.node, "checksum", path)
-    after = Attr.from_wire(await namespace.peers.call(source.node, "lookup", path))
-    if (source_size, source_digest) != (size, digest) or \
-            (after.size, after.mtime_ns) != (source.attr.size, source.attr.mtime_ns):
-        namespace.export.unlink(path)
-        raise OSError(errno.EAGAIN, f"{path} changed on node {source.node} while it was copied; stage it again")
-    local = namespace.export.lstat(path)
-    service.replicas.add(path, Replica(source.node, source.attr.size, source.attr.mtime_ns,
-                                       local.size, local.mtime_ns, digest))
+    if service.replicas.damaged is not None:
+        raise OSError(errno.EIO, f"node {namespace.me} cannot stage {path}: its replica table is damaged "
+                                 f"({service.replicas.damaged}); see that node's log for how to repair it")
+    directory, name = path.rsplit("/", 1)
+    temporary = f"{directory}/.{name}.gmount-stage-{uuid.uuid4().hex[:8]}"
+    # Durably noted first: a daemon killed mid-copy removes the temporary when it starts again.
+    await off_loop(service.replicas.begin_staging, temporary, path)
+    try:
+        size, digest = await _copy(namespace, source.node, source.attr, temporary, path)
+        source_size, source_digest = await namespace.peers.call(source.node, "checksum", path)
+        after = Attr.from_wire(await namespace.peers.call(source.node, "lookup", path))
+        if (source_size, source_digest) != (size, digest) or \
+                (after.size, after.mtime_ns) != (source.attr.size, source.attr.mtime_ns):
+            raise OSError(errno.EAGAIN, f"{path} changed on node {source.node} while it was copied; stage it again")
+        local = await off_loop(namespace.export.lstat, temporary)
+        replica = Replica(source.node, source.attr.size, source.attr.mtime_ns, local.size, local.mtime_ns, digest)
+        await off_loop(_mark, namespace.export, temporary, replica)
+        await off_loop(_drop_old_copy, service, path)
+        # Verified; recorded as a replica (durably) *before* it gets its name, so that no crash
+        # can leave a staged copy that looks like an original of this node.
+        await off_loop(service.replicas.commit_staging, path, replica)
+        await off_loop(_rename_durably, namespace.export, temporary, path)
+    finally:
+        try:
+            await off_loop(namespace.export.unlink, temporary)
+        except FileNotFoundError:
+            pass
+        await off_loop(service.replicas.end_staging, [temporary])
     namespace.locator.invalidate(path)
     return {"status": "copied", "source": source.node, "size": size, "sha256": digest,
             "seconds": time.monotonic() - started}
 
 
-async def _copy(namespace: Namespace, source: str, attr: Attr, path: str) -> tuple[int, str]:
-    """Pull `path` from `source` into a temporary file here, then rename it into place."""
+async def _copy(namespace: Namespace, source: str, attr: Attr, temporary: str, path: str) -> tuple[int, str]:
+    """Pull `path` from `source` into `temporary` here; (size, sha256) of what landed on disk."""
     peers, export = namespace.peers, namespace.export
-    directory, name = path.rsplit("/", 1)
-    temporary = f"{directory}/.{name}.gmount-stage-{uuid.uuid4().hex[:8]}"
     handle, _ = await peers.call(source, "open", path, os.O_RDONLY)
-    fd = export.create(temporary, os.O_RDWR | os.O_EXCL, 0o600)
+    fd = await off_loop(export.create, temporary, os.O_RDWR | os.O_EXCL, 0o600)
     try:
         offsets = iter(range(0, attr.size, MAX_IO))
 
         async def worker() -> None:
             for offset in offsets:  # shared iterator: each worker takes the next piece
                 data = await peers.call(source, "read", handle, offset, MAX_IO, timeout=60)
-                os.pwrite(fd, data, offset)
+                await off_loop(os.pwrite, fd, data, offset)
 
         async with open_nursery() as nursery:
             for _ in range(IN_FLIGHT):
                 nursery.start_soon(worker)
-        os.ftruncate(fd, attr.size)
+        await off_loop(os.ftruncate, fd, attr.size)
         # Hash what actually landed on disk (this verifies our write path too), off the event loop.
-        size, digest = await trio.to_thread.run_sync(_hash_and_sync, fd)
+        size, digest = await off_loop(_hash_and_sync, fd)
         os.fchmod(fd, attr.mode & 0o7777)
         os.utime(fd, ns=(attr.atime_ns, attr.mtime_ns))
-    except BaseException:
-        os.close(fd)
-        try:
-            export.unlink(temporary)
-        except OSError:
-            pass
-        raise
     finally:
+        os.close(fd)
         try:
             await peers.call(source, "close", handle)
         except OSError:
             pass
-    os.close(fd)
-    export.rename(temporary, path)
     return size, digest
+
+
+def _mark(export: Export, temporary: str, replica: Replica) -> None:
+    """Mark the copy itself, so it is known as a staged copy even if the table is ever lost."""
+    try:
+        export.setxattr(temporary, STAGED_XATTR, staged_mark(replica))
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+        log.warning("the export of this node does not support user xattrs: staged copies are not marked "
+                    "(only the replica table knows them)")
+
+
+def _drop_old_copy(service: NodeService, path: str) -> None:
+    """A stale replica of ours at `path` goes before its successor is recorded (a crash in between
+    must not leave it unrecorded); an original that appeared here meanwhile is never replaced."""
+    attr = service.op_lookup(path)
+    if attr is None:
+        return
+    if service.replica(path, attr) is None:
+        raise FileExistsError(errno.EEXIST, f"{path} was created on this node while it was being staged")
+    service.op_unlink(path)
+
+
+def _rename_durably(export: Export, temporary: str, path: str) -> None:
+    export.rename(temporary, path)
+    export.sync_parent(path)
 
 
 def _hash_and_sync(fd: int) -> tuple[int, str]:

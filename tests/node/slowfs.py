@@ -1,0 +1,87 @@
+"""A deliberately slow file system for tests: one file whose every read takes DELAY seconds.
+
+Run as `python -m tests.node.slowfs MOUNTPOINT DELAY`; it prints "ready" once
+mounted and unmounts on SIGTERM. Mounted inside a node's export, it stands in
+for a slow disk (or a hung network file system) under part of the export.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import stat
+import sys
+
+import pyfuse3
+import trio
+
+NAME = b"slow.bin"
+DATA = b"slow data\n" * 400
+FILE_INODE = pyfuse3.ROOT_INODE + 1
+
+
+class SlowFS(pyfuse3.Operations):
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+
+    def _attr(self, inode: int) -> pyfuse3.EntryAttributes:
+        entry = pyfuse3.EntryAttributes()
+        entry.st_ino = inode
+        if inode == pyfuse3.ROOT_INODE:
+            entry.st_mode, entry.st_nlink, entry.st_size = stat.S_IFDIR | 0o755, 2, 0
+        else:
+            entry.st_mode, entry.st_nlink, entry.st_size = stat.S_IFREG | 0o644, 1, len(DATA)
+        entry.st_uid, entry.st_gid = os.getuid(), os.getgid()
+        entry.attr_timeout = entry.entry_timeout = 300
+        return entry
+
+    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext | None = None) -> pyfuse3.EntryAttributes:
+        return self._attr(inode)
+
+    async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext | None = None
+                     ) -> pyfuse3.EntryAttributes:
+        if parent_inode != pyfuse3.ROOT_INODE or name != NAME:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self._attr(FILE_INODE)
+
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        return inode
+
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        if start_id == 0:
+            pyfuse3.readdir_reply(token, NAME, self._attr(FILE_INODE), 1)
+
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        return pyfuse3.FileInfo(fh=inode, direct_io=True)  # no page cache: every read is slow
+
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        await trio.sleep(self.delay)
+        return DATA[off:off + size]
+
+
+def main() -> None:
+    mountpoint, delay = sys.argv[1], float(sys.argv[2])
+    pyfuse3.init(SlowFS(delay), mountpoint, set(pyfuse3.default_options) | {"fsname=slowfs"})
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            async def stop_on_signal() -> None:
+                with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                    async for _ in signals:
+                        pyfuse3.terminate()
+                        return
+            nursery.start_soon(stop_on_signal)
+            print("ready", flush=True)
+            await pyfuse3.main()
+            nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(run)
+    finally:
+        pyfuse3.close(unmount=True)
+
+
+if __name__ == "__main__":
+    main()
