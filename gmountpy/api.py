@@ -480,29 +480,34 @@ class Cluster:
 
     # -- write ---------------------------------------------------------------------
 
-    def write_bytes(self, path: PathLike, data: bytes, *, on: str | Node | None = None, mode: int = 0o644) -> str:
+    def write_bytes(self, path: PathLike, data: bytes, *, on: str | Node | None = None, mode: int = 0o644,
+                    from_node: str | Node | None = None) -> str:
         """Write a whole file into the namespace; returns the node whose export now holds it.
 
         Where it lands: node `on` if given; else the node holding the file
         now (it is replaced there, as a write through the mount would);
-        else the asking node (see the module doc), as a create through its
-        mount would. The bytes go to a temporary file on that node, checked
+        else the asking node (`from_node`, default as in the module doc), as
+        a create through its mount would. The bytes go to a temporary file on that node, checked
         by size and SHA-256, then renamed into place: readers see the old
         file or the whole new one. Copies of the path on other nodes are
         removed afterwards, so the new file is the only one.
         """
-        return self._put_from(path, io.BytesIO(bytes(data)), on, mode)
+        return self._put_from(path, io.BytesIO(bytes(data)), on, mode, from_node)
 
-    def put(self, local: PathLike, path: PathLike, *, on: str | Node | None = None, mode: int | None = None) -> str:
+    def put(self, local: PathLike, path: PathLike, *, on: str | Node | None = None, mode: int | None = None,
+            from_node: str | Node | None = None) -> str:
         """Copy a local file into the namespace (like `write_bytes`, streamed); the node that holds it."""
         with open(local, "rb") as source:
             if mode is None:
                 mode = os.fstat(source.fileno()).st_mode & 0o7777
-            return self._put_from(path, source, on, mode)
+            return self._put_from(path, source, on, mode, from_node)
 
-    def mkdir(self, path: PathLike, *, on: str | Node | None = None) -> str:
-        """Make a directory (and missing parents) in one node's export; FileExistsError if the name exists."""
-        ns_path, asking = self._ask(path, None)
+    def mkdir(self, path: PathLike, *, on: str | Node | None = None, from_node: str | Node | None = None) -> str:
+        """Make a directory (and missing parents) in one node's export (`on`, default the asking node).
+
+        FileExistsError if the name exists on any node.
+        """
+        ns_path, asking = self._ask(path, from_node)
         target = self._node_name(on) if on is not None else asking
 
         async def main(conns: _Connections) -> str:
@@ -514,13 +519,13 @@ class Cluster:
 
         return self._run(main)
 
-    def remove(self, path: PathLike) -> tuple[str, ...]:
+    def remove(self, path: PathLike, from_node: str | Node | None = None) -> tuple[str, ...]:
         """Remove a file from every node holding it, or an empty directory from every node having it.
 
         Returns the nodes it was removed from; FileNotFoundError if none
         holds it, OSError(ENOTEMPTY) naming the node for a non-empty directory.
         """
-        ns_path, asking = self._ask(path, None)
+        ns_path, asking = self._ask(path, from_node)
 
         async def main(conns: _Connections) -> tuple[str, ...]:
             found = await self._where(conns, asking, ns_path)
@@ -600,8 +605,9 @@ class Cluster:
         os.replace(temporary, target)
         return result
 
-    def _put_from(self, path: PathLike, source: IO[bytes], on: str | Node | None, mode: int) -> str:
-        ns_path, asking = self._ask(path, None)
+    def _put_from(self, path: PathLike, source: IO[bytes], on: str | Node | None, mode: int,
+                  from_node: str | Node | None) -> str:
+        ns_path, asking = self._ask(path, from_node)
         if ns_path == "/":
             raise IsADirectoryError(errno.EISDIR, "/ is the namespace root, not a file")
         chosen = self._node_name(on) if on is not None else None

@@ -20,7 +20,7 @@ import inspect
 import trio
 
 from ..rpc import Session
-from .export import Attr, Export
+from .export import Attr, Export, split_path
 from .replicas import Replica, ReplicaTable
 
 #: Largest single read or write a peer may ask for.
@@ -113,8 +113,7 @@ class NodeService:
             return await result
         return result
 
-    @staticmethod
-    def _handles(session: Session) -> _Handles:
+    def _handles(self, session: Session) -> _Handles:
         handles = session.data.get("handles")
         if handles is None:
             handles = session.data["handles"] = _Handles()
@@ -316,6 +315,8 @@ class NodeService:
 
     def op_put_open(self, handles: _Handles, path: str, mode: int) -> int:
         """Start writing `path` into this export; the handle takes `write` calls."""
+        if not split_path(path):
+            raise OSError(errno.EISDIR, "/ is the export root, not a file")
         directory, _, name = path.rpartition("/")
         temporary = f"{directory}/.{name}.gmount-put-{uuid.uuid4().hex[:8]}"
         fd = self.export.create(temporary, os.O_RDWR | os.O_EXCL, _int(mode, "mode") & 0o7777)

@@ -88,7 +88,7 @@ class Executor(RemoteExecutor):
         cwd = os.getcwd()
         try:
             self.cluster = Cluster.open(self.settings.cluster or cwd)
-            here = self.cluster.where(cwd)
+            here = self.cluster.where(cwd)[0]
         except GmountError as exc:
             raise WorkflowError(f"gmount executor: {exc}") from None
         mount = self.cluster.nodes[here.asked_from].mountpoint
