@@ -7,10 +7,11 @@ import sys
 import click
 
 from ..errors import GmountError
-from . import demo, down, ls, place, probe, run, stage, status, up, where
+from . import demo, down, ls, place, probe, run, slurm_extra, snakemake_profile, stage, status, up, where
 
 COMMANDS: list[click.Command] = [up.command, down.command, status.command, where.command, probe.command,
-                                 ls.command, stage.command, place.command, run.command, demo.command]
+                                 ls.command, stage.command, place.command, run.command, demo.command,
+                                 snakemake_profile.command, slurm_extra.command]
 
 
 class _Group(click.Group):
