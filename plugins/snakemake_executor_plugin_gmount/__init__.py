@@ -23,6 +23,7 @@ Only the public gmountpy API is used (gmountpy.api).
 # No `from __future__ import annotations`: Snakemake reads the settings' field types at run time.
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import AsyncGenerator
@@ -181,14 +182,19 @@ class Executor(RemoteExecutor):
                 yield job_info
                 continue
             running.spawned.stop(grace=0)  # anything the job left running in the background
-            self._log(job_info.job, running, status)
+            self._log(job_info.job, running, status,
+                      command_exit=None if status == 0 else _command_status(_read_tail(running.stderr)))
             if status == 0:
                 self.report_job_success(job_info)
             else:
-                tail = _tail(running.stderr)
+                text = _read_tail(running.stderr)
+                command_status = _command_status(text)
+                said = _command_stderr(text)
+                why = (f"its command exited with status {command_status}" if command_status is not None
+                       else f"it exited with status {status}")
                 self.report_job_error(job_info, msg=(
-                    f"gmount: job {job_info.job.name} ({job_info.job.jobid}) failed on node {running.node} with exit "
-                    f"status {status}. End of its stderr ({running.stderr}):\n{tail}\n"), aux_logs=[running.stderr])
+                    f"gmount: job {job_info.job.name} ({job_info.job.jobid}) failed on node {running.node}: {why}. "
+                    f"Its stderr there:\n{said}\n(whole log: {running.stderr})\n"), aux_logs=[running.stderr])
 
     def cancel_jobs(self, active_jobs: list[SubmittedJobInfo]) -> None:
         """Stop every running job (SIGTERM to its process group, SIGKILL after the grace time)."""
@@ -203,7 +209,8 @@ class Executor(RemoteExecutor):
 
     # -- the placement log --------------------------------------------------------------
 
-    def _log(self, job: JobExecutorInterface, running: _Running, status: int, cancelled: bool = False) -> None:
+    def _log(self, job: JobExecutorInterface, running: _Running, status: int, cancelled: bool = False,
+             command_exit: Optional[int] = None) -> None:
         record: dict[str, Any] = {
             "rule": job.name, "jobid": job.jobid, "attempt": job.attempt, "node": running.node,
             "reason": running.reason, "inputs": running.inputs, "input_bytes_local": running.local_bytes,
@@ -212,20 +219,45 @@ class Executor(RemoteExecutor):
         }
         if job.is_group():
             record["rules"] = sorted(job.rules)
+        if command_exit is not None:
+            record["command_exit"] = command_exit
         if cancelled:
             record["cancelled"] = True
         with self._log_lock, open(self.log_path, "a") as log:
             log.write(json.dumps(record) + "\n")
 
 
-def _tail(path: str, lines: int = 20) -> str:
+def _read_tail(path: str, size: int = 65536) -> str:
     try:
         with open(path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - 16384))
-            text = f.read().decode(errors="replace")
+            f.seek(max(0, os.fstat(f.fileno()).st_size - size))
+            return f.read().decode(errors="replace")
     except OSError as exc:
-        return f"(cannot read it: {exc.strerror})"
-    return "\n".join(text.rstrip().splitlines()[-lines:]) or "(empty)"
+        return f"(cannot read {path}: {exc.strerror})"
+
+
+_STATUS = re.compile(r"returned non-zero exit status (\d+)")
+
+
+def _command_status(text: str) -> Optional[int]:
+    """The exit status of the rule's own command, as the job's Snakemake reported it."""
+    found = _STATUS.findall(text)
+    return int(found[-1]) if found else None
+
+
+def _command_stderr(text: str, lines: int = 20) -> str:
+    """What the rule's command wrote, without the job's Snakemake banner and error block around it."""
+    all_lines = text.rstrip().splitlines()
+    starts = [i for i, line in enumerate(all_lines) if line.startswith("    resources: ")]
+    if starts:
+        body = all_lines[starts[-1] + 1:]
+        for i, line in enumerate(body):
+            if line.startswith(("RuleException", "Error in rule", "[")):
+                body = body[:i]
+                break
+        if body:
+            return "\n".join(body[-lines:])
+    return "\n".join(all_lines[-lines:]) or "(empty)"
 
 
 __all__ = ["Executor", "ExecutorSettings", "common_settings"]

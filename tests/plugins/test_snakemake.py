@@ -97,17 +97,17 @@ rule all:
 rule upper:
     input: "data/{s}.txt"
     output: "work/{s}.up"
-    shell: "tr a-z A-Z < {input} > {output} && echo $GMOUNT_NODE > nodes/upper-{wildcards.s}.node"
+    shell: "tr a-z A-Z < {input} > {output} && echo ${{GMOUNT_NODE:-plain}} > nodes/upper-{wildcards.s}.node"
 
 rule count:
     input: "work/{s}.up"
     output: "work/{s}.count"
-    shell: "wc -c < {input} > {output} && echo $GMOUNT_NODE > nodes/count-{wildcards.s}.node"
+    shell: "wc -c < {input} > {output} && echo ${{GMOUNT_NODE:-plain}} > nodes/count-{wildcards.s}.node"
 
 rule merge:
     input: expand("work/{s}.up", s=SAMPLES)
     output: "merged.txt"
-    shell: "cat {input} > {output} && echo $GMOUNT_NODE > nodes/merge.node"
+    shell: "cat {input} > {output} && echo ${{GMOUNT_NODE:-plain}} > nodes/merge.node"
 """
 
 
@@ -123,6 +123,7 @@ def test_snakemake_runs_every_job_where_its_inputs_are(cluster4: LocalCluster, w
     inputs = pipeline_inputs()
     spread(cluster4, workdir, inputs)
     head = cluster4.export("n1") / workdir
+    head.mkdir(parents=True, exist_ok=True)
     (head / "Snakefile").write_text(PIPELINE)
     (head / "nodes").mkdir()
     for node in cluster4.nodes:  # each node's jobs write their node file into a directory of their own
@@ -221,6 +222,7 @@ def test_failures_keep_going_retries_groups_and_pins(cluster4: LocalCluster, wor
     spread(cluster4, workdir, {"data/g.txt": ("n3", b"good data\n"), "data/b.txt": ("n2", b"bad data\n"),
                                "data/grp.txt": ("n4", b"group data\n")})
     head = cluster4.export("n1") / workdir
+    head.mkdir(parents=True, exist_ok=True)
     (head / "Snakefile").write_text(FAILURES)
     cwd = cluster4.mount("n1") / workdir
     run = snakemake(cwd, "--executor", "gmount", "-j4", "--latency-wait", "5", "--keep-going", "--retries", "1",
@@ -228,7 +230,8 @@ def test_failures_keep_going_retries_groups_and_pins(cluster4: LocalCluster, wor
     output = run.stdout + run.stderr
     assert run.returncode != 0, output
     # the failing job: its exit status, its node, and its stderr
-    assert "failed on node n2 with exit status 3" in output and "boom-on-n2" in output, output[-4000:]
+    assert "failed on node n2: its command exited with status 3. Its stderr there:\nboom-on-n2\n" in output, \
+        output[-4000:]
     # --keep-going: everything else finished; retries: the flaky job made it on attempt 2
     assert (cwd / "good.txt").read_bytes() == b"good data\n"
     assert (cwd / "flaky.txt").read_bytes() == b"good data\n"
@@ -236,7 +239,7 @@ def test_failures_keep_going_retries_groups_and_pins(cluster4: LocalCluster, wor
     records = placement_records(cwd / "placement.jsonl")
     flaky = sorted((r["attempt"], r["exit"]) for r in records if r["rule"] == "flaky")
     assert flaky == [(1, 1), (2, 0)]
-    assert sorted((r["attempt"], r["exit"], r["node"]) for r in records if r["rule"] == "bad") == [
+    assert sorted((r["attempt"], r["command_exit"], r["node"]) for r in records if r["rule"] == "bad") == [
         (1, 3, "n2"), (2, 3, "n2")]
     # the group job ran as one job, on the node holding its input; both outputs stayed there
     group = [r for r in records if r.get("rules")]
@@ -268,6 +271,7 @@ def test_ctrl_c_stops_every_job_and_leaves_no_process(cluster4: LocalCluster, wo
     token = f"{uuid.uuid4().int % 1000}.{uuid.uuid4().int % 100000:05d}"  # a unique `sleep` argument
     spread(cluster4, workdir, {f"data/{i}.txt": (node, b"x") for i, node in enumerate(cluster4.nodes)})
     head = cluster4.export("n1") / workdir
+    head.mkdir(parents=True, exist_ok=True)
     (head / "Snakefile").write_text(f"""\
 rule all:
     input: expand("out/{{i}}.txt", i=range(4))
