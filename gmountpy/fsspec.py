@@ -248,6 +248,7 @@ class GmountFile(AbstractBufferedFile):
         if end <= start:
             return b""
         fs: GmountFileSystem = self.fs
+        assert self.holder is not None, "only files opened for reading fetch ranges"
         return fs._read(self.path, self.holder, start, end)
 
 
