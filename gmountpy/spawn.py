@@ -76,10 +76,11 @@ def remote_script(command: str, cwd: str, env: Mapping[str, str]) -> str:
     """The shell text run on the node: the command in its own session, stopped when stdin ends."""
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     job = f"cd {shlex.quote(cwd)} && {exports} exec /bin/sh -c {shlex.quote(command)}"
-    return (f"setsid /bin/sh -c {shlex.quote(job)} </dev/null & pid=$!; "
-            # stdin reaching its end means the local side is gone: stop the job's whole group
-            "( while read -r _; do :; done; kill -TERM -- -$pid 2>/dev/null; sleep 5; "
-            "kill -KILL -- -$pid 2>/dev/null ) & watcher=$!; "
+    # A background job's stdin is /dev/null unless redirected, so the watcher reads fd 3, a copy of
+    # the real stdin; `kill -SIG -PID` (no `--`: dash refuses it) signals the job's whole session.
+    return (f"exec 3<&0; setsid /bin/sh -c {shlex.quote(job)} </dev/null 3<&- & pid=$!; "
+            "( while read -r _ <&3; do :; done; kill -TERM -$pid 2>/dev/null; sleep 5; "
+            "kill -KILL -$pid 2>/dev/null ) & watcher=$!; exec 3<&-; "
             "wait $pid; status=$?; kill $watcher 2>/dev/null; exit $status")
 
 
