@@ -24,6 +24,8 @@ Only the public gmountpy API is used (gmountpy.api).
 import json
 import os
 import re
+import shlex
+import sys
 import threading
 import time
 from collections.abc import AsyncGenerator
@@ -162,6 +164,9 @@ class Executor(RemoteExecutor):
         command = self.format_job_exec(job)
         if target_mount != self.head_mount:  # absolute paths Snakemake wrote in the head node's mount
             command = command.replace(self.head_mount + "/", target_mount + "/")
+        if self.cluster.spec.launcher == "ssh":  # another machine: its own Python (`python` in the cluster file)
+            command = command.replace(f"{sys.executable} -m snakemake",
+                                      f"{shlex.quote(self.cluster.spec.nodes[node].python)} -m snakemake")
         base = os.path.join(self.output_dir, f"{job.name}-{job.jobid}-attempt{job.attempt}")
         env = {"GMOUNT_PLACEMENT_LOG": self.log_path.replace(self.head_mount + "/", target_mount + "/")}
         with open(base + ".out", "wb") as out, open(base + ".err", "wb") as err:
