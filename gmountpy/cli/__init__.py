@@ -16,8 +16,11 @@ import click
 from ..errors import GmountError
 
 #: subcommand name -> module in gmountpy.cli defining `command`
-COMMANDS: dict[str, str] = {name: name for name in
-                            ("up", "down", "status", "where", "probe", "ls", "stage", "place", "run", "demo")}
+COMMANDS: dict[str, str] = {
+    **{name: name for name in ("up", "down", "status", "where", "probe", "ls", "stage", "place", "run", "demo")},
+    "snakemake-profile": "snakemake_profile",
+    "slurm-extra": "slurm_extra",
+}
 
 
 def _plugin_commands() -> dict[str, str]:

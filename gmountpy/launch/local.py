@@ -76,6 +76,7 @@ async def spawn_local(node: NodeSpec) -> LocalProcess:
             [sys.executable, "-m", "gmountpy.node"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True, close_fds=True,
+            cwd="/",  # not the caller's directory: `python -m` puts it first on sys.path (another checkout's gmountpy)
         )
     except OSError as exc:
         raise GmountError(f"cannot start {sys.executable}: {exc}") from None

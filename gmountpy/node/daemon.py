@@ -171,6 +171,7 @@ class NodeDaemon:
                                   pool, locator, nursery)
             extra["where"] = self._where(namespace)
             extra["created"] = namespace.created_elsewhere  # a peer created a name: forget "not found"
+            service.on_created = namespace.created_by_put
 
             async def ls(path: str) -> dict[str, Any]:
                 """The merged listing as this node's mount shows it, with every holder of each name."""

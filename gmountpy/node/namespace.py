@@ -274,6 +274,14 @@ class Namespace:
                 if node != self.me and not self.peers.is_down(node):
                     nursery.start_soon(tell, node)
 
+    async def created_by_put(self, path: str, attr: Attr) -> None:
+        """A put from outside the mount (API, fsspec, Snakemake storage) made `path` in this export:
+        the same hand-off as a create through the mount -- this node's kernel and every node hear of it."""
+        self.locator.note_created(path, Location(self.me, attr))
+        if self.on_created_elsewhere is not None:
+            await self.on_created_elsewhere(path, attr.is_dir)
+        await self._announce_created(path, attr.is_dir)
+
     async def created_elsewhere(self, path: str, is_dir: bool = False) -> None:
         """Another node created `path` (or renamed something to it): forget "not found" for it."""
         split_path(path)  # a peer's request: refuse anything that is not a namespace path

@@ -13,12 +13,13 @@ import hashlib
 import inspect
 import logging
 import os
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from ..rpc import Session
-from .export import Attr, Export, off_loop, pread, pwrite
+from .export import Attr, Export, off_loop, pread, pwrite, split_path
 from .replicas import STAGED_XATTR, Replica, ReplicaTable, is_marked_copy
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ MAX_IO = 4 * 1024 * 1024
 LISTDIR_MAX = 50_000
 #: Operations that take a connection's handle table as their first argument.
 HANDLE_OPS = frozenset({"open", "read", "write", "fsync", "fstat", "close", "ftruncate", "opendir", "readdir",
-                        "closedir"})
+                        "closedir", "put_open", "put_close", "put_abort"})
 #: Operations kept on the event loop: answered from memory, or one syscall on one entry
 #: (an lstat, a readlink) that costs ~3 us where a thread hop costs 100-200 us, and a
 #: lookup is the most frequent request there is. Everything else that touches the
@@ -57,6 +58,7 @@ class _Handles:
     def __init__(self) -> None:
         self.fds: dict[int, int] = {}
         self.listings: dict[int, list[Any]] = {}  # directory snapshots being paged through
+        self.puts: dict[int, tuple[str, str]] = {}  # put handle -> (path, temporary file beside it)
         self.next = 1
         self._busy: dict[int, int] = {}      # handle -> calls running on it
         self._closing: dict[int, int] = {}   # handle -> fd to close when its last call returns
@@ -112,6 +114,7 @@ class _Handles:
         for handle in list(self.fds):
             self.close(handle)
         self.listings.clear()
+        self.puts.clear()
 
 
 def _int(value: Any, name: str) -> int:
@@ -131,6 +134,9 @@ class NodeService:
         self._remove_leftover_temporaries()
         self.info = info
         self._extra = extra or {}
+        #: Told of every file a put finished, so this node's own lookups see it at once (the daemon
+        #: points it at its locator).
+        self.on_created: Callable[[str, Attr], Awaitable[None]] | None = None
         self._ops: dict[str, Callable[..., Any]] = {
             name[3:]: getattr(self, name) for name in dir(self) if name.startswith("op_")
         }
@@ -166,12 +172,12 @@ class NodeService:
                 log.warning("cannot remove %s, left over from an interrupted staging: %s", temporary, exc)
         self.replicas.end_staging(leftovers)
 
-    @staticmethod
-    def _handles(session: Session) -> _Handles:
+    def _handles(self, session: Session) -> _Handles:
         handles = session.data.get("handles")
         if handles is None:
             handles = session.data["handles"] = _Handles()
             session.cleanups.append(handles.close_all)
+            session.cleanups.append(lambda: self._drop_puts(handles))  # cleanups run last first
         return handles
 
     # -- metadata ----------------------------------------------------------
@@ -387,3 +393,84 @@ class NodeService:
 
     def op_close(self, handles: _Handles, handle: int) -> None:
         handles.close(handle)
+
+    # -- whole files written from outside the mount (library API, fsspec, Snakemake storage) ----
+    #
+    # put_open makes a hidden temporary file beside the destination (parents made
+    # here), the data comes with `write` on that handle, and put_close checks size
+    # and SHA-256 of what landed on disk before renaming it into place, so a
+    # reader never sees a half-written file and a failed put leaves nothing.
+
+    def op_put_open(self, handles: _Handles, path: str, mode: int) -> int:
+        """Start writing `path` into this export; the handle takes `write` calls."""
+        if not split_path(path):
+            raise OSError(errno.EISDIR, "/ is the export root, not a file")
+        directory, _, name = path.rpartition("/")
+        temporary = f"{directory}/.{name}.gmount-put-{uuid.uuid4().hex[:8]}"
+        fd = self.export.create(temporary, os.O_RDWR | os.O_EXCL, _int(mode, "mode") & 0o7777)
+        handle = handles.add(fd)
+        handles.puts[handle] = (path, temporary)
+        return handle
+
+    async def op_put_close(self, handles: _Handles, handle: int, size: int, sha256: str) -> Attr:
+        """Finish a put: verify what is on disk against (size, sha256), then rename it into place."""
+        fd = handles.get(handle)
+        path, temporary = self._put(handles, handle)
+        del handles.fds[handle], handles.puts[handle]
+        try:
+            written, digest = await off_loop(_sync_and_hash, fd)
+        except BaseException:
+            os.close(fd)
+            self._unlink_quietly(temporary)
+            raise
+        os.close(fd)
+        if (written, digest) != (_int(size, "size"), sha256):
+            self._unlink_quietly(temporary)
+            raise OSError(errno.EIO, f"{path}: {written} bytes with sha256 {digest[:16]}... landed on disk, "
+                                     f"expected {size} bytes with sha256 {str(sha256)[:16]}...; write it again")
+        try:
+            self.export.rename(temporary, path)
+        except BaseException:
+            self._unlink_quietly(temporary)
+            raise
+        self.replicas.forget(path)  # a replica overwritten here is now this node's own file
+        attr = self.export.lstat(path)
+        if self.on_created is not None:
+            await self.on_created(path, attr)
+        return attr
+
+    def op_put_abort(self, handles: _Handles, handle: int) -> None:
+        """Give up a put: its temporary file goes away, the destination is untouched."""
+        fd = handles.get(handle)
+        _, temporary = self._put(handles, handle)
+        del handles.fds[handle], handles.puts[handle]
+        os.close(fd)
+        self._unlink_quietly(temporary)
+
+    @staticmethod
+    def _put(handles: _Handles, handle: int) -> tuple[str, str]:
+        try:
+            return handles.puts[handle]
+        except (KeyError, TypeError):
+            raise OSError(errno.EBADF, f"no put in progress on handle {handle!r}") from None
+
+    def _drop_puts(self, handles: _Handles) -> None:
+        """The connection ended mid-put: remove the temporary files (close_all closes their fds)."""
+        for _, temporary in handles.puts.values():
+            self._unlink_quietly(temporary)
+
+    def _unlink_quietly(self, path: str) -> None:
+        try:
+            self.export.unlink(path)
+        except OSError:
+            pass
+
+
+def _sync_and_hash(fd: int) -> tuple[int, str]:
+    os.fsync(fd)
+    digest = hashlib.sha256()
+    size = 0
+    while block := os.pread(fd, 1 << 20, size):
+        digest.update(block)
+        size += len(block)
+    return size, digest.hexdigest()

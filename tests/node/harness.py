@@ -188,6 +188,7 @@ async def open_cluster(
                 node.locator = FloodLocator(node.pool, overlay.lookup_tiers(name), ttl=ttl,
                                             negative_ttl=negative_ttl)
                 node.namespace = Namespace(name, sites, node.export, node.pool, node.locator, nursery)
+                node.service.on_created = node.namespace.created_by_put  # as daemon.py wires it
             try:
                 yield Cluster(spec, overlay, nodes, nursery)
             finally:
@@ -206,4 +207,3 @@ async def read_file(namespace: Namespace, path: str, size: int = 1 << 20) -> byt
         return await namespace.read(handle, 0, size)
     finally:
         await namespace.release(handle)
-

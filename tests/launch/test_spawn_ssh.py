@@ -1,0 +1,48 @@
+"""Cluster.spawn over a real OpenSSH sshd: the job runs in the node's mount, and stopping it stops it there."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from pathlib import Path
+
+from gmountpy import Cluster, launch
+from gmountpy.config import load_spec
+
+from ..conftest import wait_for
+from .conftest import Sshd, marked_pids
+from .test_ssh import cleanup, daemon_pids
+
+
+def test_spawn_over_ssh_runs_there_and_stop_leaves_nothing(sshd: Sshd, tmp_path: Path) -> None:
+    spec = load_spec(sshd.cluster_file(tmp_path, "sshspawn", {"s": ["n1", "n2"]}, []))
+    with cleanup(sshd, spec):
+        launch.up(spec)
+        cluster = Cluster.open("sshspawn")
+        (tmp_path / "n2" / "export" / "work").mkdir()
+        done = cluster.spawn("echo $GMOUNT_NODE; pwd; echo to-stderr >&2; exit 5", on="n2", cwd="/work",
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert done.over_ssh
+        out, err = done.process.communicate(timeout=60)
+        assert done.poll() == 5, err
+        assert out.decode().split() == ["n2", str(tmp_path / "n2" / "mnt" / "work")]
+        assert b"to-stderr" in err
+
+        token = f"{uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10000:04d}"
+        job = cluster.spawn(f"sleep {token} & sleep {token}; wait", on="n1")
+        daemons = set(daemon_pids(sshd))
+
+        def cmdline(pid: int) -> bytes:
+            try:
+                return Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                return b""  # gone meanwhile
+
+        def sleeping() -> list[int]:
+            return [p for p in marked_pids(sshd.marker) if token.encode() in cmdline(p)]
+
+        assert wait_for(lambda: len(sleeping()) == 2, timeout=30)
+        job.stop(grace=3)
+        # nothing the job started is left on the node: only the daemons remain of what sshd started
+        assert wait_for(lambda: set(marked_pids(sshd.marker)) <= daemons, timeout=20), \
+            [cmdline(p) for p in set(marked_pids(sshd.marker)) - daemons]
