@@ -71,9 +71,12 @@ class LocalProcess:
 
 
 async def spawn_local(node: NodeSpec) -> LocalProcess:
+    # A node with `netns` runs in that network namespace but in this mount namespace
+    # (nsenter --net only), so its FUSE mount is visible here; nsenter execs, keeping the pid.
+    prefix = ["nsenter", f"--net=/run/netns/{node.netns}", "--"] if node.netns else []
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", "gmountpy.node"],
+            [*prefix, sys.executable, "-m", "gmountpy.node"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True, close_fds=True,
         )
