@@ -163,3 +163,22 @@ def test_down_by_name_removes_an_emulation_left_up(wan: None, base: Path) -> Non
     assert down(emu.name) == []  # safe twice
     reap(sleeper)
     assert_gone(emu, before, [sleeper.pid, emu.delay_pid])
+
+
+def test_netns_in_a_cluster_file_expands_placeholders_and_needs_the_local_launcher(tmp_path: Path) -> None:
+    from gmountpy.config import ClusterSpec, SpecError, parse_spec
+
+    data = {"name": "c", "defaults": {"export": "/x/{node}/e", "mountpoint": "/x/{node}/m", "netns": "ns-{site}"},
+            "sites": {"a": {"nodes": ["n1"]}, "b": {"nodes": ["n2"]}},
+            "links": [{"sites": ["a", "b"], "rtt_ms": 5}]}
+    spec = parse_spec(data)
+    assert spec.node("n1").netns == "ns-a" and spec.node("n2").netns == "ns-b"
+    assert ClusterSpec.from_dict(spec.to_dict()) == spec
+    old = spec.to_dict()
+    for node in old["nodes"].values():
+        del node["netns"]  # a state file written before netns existed
+    assert ClusterSpec.from_dict(old).node("n1").netns is None
+    with pytest.raises(SpecError, match="netns needs launcher"):
+        parse_spec({**data, "launcher": "ssh"})
+    with pytest.raises(SpecError, match="network namespace name"):
+        parse_spec({**data, "defaults": {**data["defaults"], "netns": "../etc"}})
