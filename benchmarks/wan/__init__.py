@@ -5,6 +5,15 @@
         ...  # daemons run in their sites' namespaces; mounts are visible here
 """
 
-from .sites import Emulation, WanError, down, emulate, gmount_cluster, load_cluster, problem, up
+from .sites import (
+    Emulation,
+    WanError,
+    down,
+    emulate,
+    gmount_cluster,
+    load_cluster,
+    problem,
+    up,
+)
 
 __all__ = ["Emulation", "WanError", "down", "emulate", "gmount_cluster", "load_cluster", "problem", "up"]

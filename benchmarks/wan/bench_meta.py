@@ -190,8 +190,8 @@ class Sshfs:
             mnt.mkdir(parents=True, exist_ok=True)
             self.emu.add_mount(str(mnt))
             self.emu.spawn(node, ["sshfs", "-f", f"root@{address}:{self.data}", str(mnt), "-o",
-                                  f"IdentityFile={keys / 'user'},StrictHostKeyChecking=no,"
-                                  "UserKnownHostsFile=/dev/null,LogLevel=ERROR"],
+                                  (f"IdentityFile={keys / 'user'},StrictHostKeyChecking=no,"
+                                   "UserKnownHostsFile=/dev/null,LogLevel=ERROR")],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for node in self.emu.address:
             _wait_mounted(self.mount(node))
@@ -298,7 +298,8 @@ def run_phases(system: Any, plan: dict[str, dict[str, list[tuple[str, str]]]], r
     try:
         for client, paths in plan.items():
             mount = system.mount(client)
-            process = subprocess.Popen([sys.executable, "-m", "benchmarks.wan.meta_client"], cwd=ROOT,
+            # Run as a script: importing the package would import networkx in every client.
+            process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("meta_client.py"))],
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             assert process.stdin is not None and process.stdout is not None
             process.stdin.write(json.dumps({"paths": {op: [str(mount / p) for p, _ in paths[op]]
@@ -343,7 +344,8 @@ def describe_run() -> dict[str, Any]:
 
     cpu = ""
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
     return {"machine": {"host": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count(), "cpu": cpu},

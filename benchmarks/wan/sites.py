@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import networkx as nx
+import networkx as nx  # type: ignore[import-untyped]
 
 from gmountpy.config import ClusterSpec, parse_spec
 from gmountpy.errors import GmountError
@@ -341,9 +341,7 @@ def _toml(data: dict[str, Any], prefix: str = "") -> str:
     lines: list[str] = []
     tables: list[tuple[str, Any]] = []
     for key, value in data.items():
-        if isinstance(value, dict):
-            tables.append((key, value))
-        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        if isinstance(value, dict) or (isinstance(value, list) and value and all(isinstance(v, dict) for v in value)):
             tables.append((key, value))
         else:
             lines.append(f"{_key(key)} = {_value(value)}")

@@ -15,6 +15,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -144,10 +145,9 @@ def test_gmount_across_sites_reads_a_remote_file_and_teardown_leaves_nothing(wan
 
 def test_interrupt_inside_the_block_still_tears_everything_down(wan: None, base: Path) -> None:
     before = host_snapshot()
-    with pytest.raises(KeyboardInterrupt):
-        with emulate(cluster_file(base, 2.0), workdir=base) as emu:
-            sleeper = emu.spawn("east", ["sleep", "600"])
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), emulate(cluster_file(base, 2.0), workdir=base) as emu:
+        sleeper = emu.spawn("east", ["sleep", "600"])
+        raise KeyboardInterrupt
     reap(sleeper)
     assert_gone(emu, before, [sleeper.pid, emu.delay_pid])
 
@@ -168,7 +168,8 @@ def test_down_by_name_removes_an_emulation_left_up(wan: None, base: Path) -> Non
 def test_netns_in_a_cluster_file_expands_placeholders_and_needs_the_local_launcher(tmp_path: Path) -> None:
     from gmountpy.config import ClusterSpec, SpecError, parse_spec
 
-    data = {"name": "c", "defaults": {"export": "/x/{node}/e", "mountpoint": "/x/{node}/m", "netns": "ns-{site}"},
+    defaults = {"export": "/x/{node}/e", "mountpoint": "/x/{node}/m", "netns": "ns-{site}"}
+    data: dict[str, Any] = {"name": "c", "defaults": defaults,
             "sites": {"a": {"nodes": ["n1"]}, "b": {"nodes": ["n2"]}},
             "links": [{"sites": ["a", "b"], "rtt_ms": 5}]}
     spec = parse_spec(data)
@@ -181,4 +182,4 @@ def test_netns_in_a_cluster_file_expands_placeholders_and_needs_the_local_launch
     with pytest.raises(SpecError, match="netns needs launcher"):
         parse_spec({**data, "launcher": "ssh"})
     with pytest.raises(SpecError, match="network namespace name"):
-        parse_spec({**data, "defaults": {**data["defaults"], "netns": "../etc"}})
+        parse_spec({**data, "defaults": {**defaults, "netns": "../etc"}})
