@@ -51,7 +51,7 @@ TARGET_OPS = ("stat", "access", "chmod", "utime", "open_close", "rename", "unlin
 
 
 def log(message: str) -> None:
-    print(f"[wan-meta {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+    print(f"[wan-bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def cluster_toml(work: Path, name: str) -> str:
@@ -135,7 +135,7 @@ class Gmount:
             target.mkdir(parents=True, exist_ok=True)
         else:
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(b"x")
+            target.touch()
 
     @contextmanager
     def running(self) -> Iterator[None]:
@@ -162,7 +162,7 @@ class Sshfs:
             target.mkdir(parents=True, exist_ok=True)
         else:
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(b"x")
+            target.touch()
 
     def mount(self, node: str) -> Path:
         return self.work / "mnt" / node
@@ -260,7 +260,7 @@ class MooseFs:
                 target.mkdir(parents=True, exist_ok=True)
             else:
                 target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(b"x")
+                target.touch()  # empty: a MooseFS file with data needs a chunk (RTTs) per file
         try:
             yield
         finally:

@@ -183,3 +183,18 @@ def test_netns_in_a_cluster_file_expands_placeholders_and_needs_the_local_launch
         parse_spec({**data, "launcher": "ssh"})
     with pytest.raises(SpecError, match="network namespace name"):
         parse_spec({**data, "defaults": {**defaults, "netns": "../etc"}})
+
+
+def test_bandwidth_mbit_caps_the_link_and_is_not_passed_to_gmount(wan: None, base: Path) -> None:
+    path = cluster_file(base, 2.0)
+    path.write_text(path.read_text() + "bandwidth_mbit = 80\n")  # appended to the [[links]] table
+    with emulate(path, workdir=base) as emu:
+        assert "bandwidth_mbit =" not in Path(emu.cluster_file).read_text()
+        server = probe(emu, "west", "serve", emu.address["w1"], "5203")
+        assert server.stdout is not None and server.stdout.readline().strip() == "LISTENING"
+        client = probe(emu, "east", "bulk", emu.address["w1"], "5203", "2")
+        out, _ = client.communicate(timeout=60)
+        measured = json.loads(out)
+        mbit = measured["bytes"] * 8 / measured["seconds"] / 1e6
+        assert 40 <= mbit <= 84, f"{mbit:.1f} Mbit/s through an 80 Mbit/s cap"
+    reap(server, client)
