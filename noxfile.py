@@ -91,6 +91,7 @@ def wan(session: nox.Session) -> None:
 def bench_wan(session: nox.Session, args: list[str]) -> None:
     """Metadata (ParaMark-style), fio and deploy benchmarks over emulated WAN sites (root)."""
     ensure_system_packages(session, BASE_PACKAGES + WAN_PACKAGES)
+    session.run("python", "-m", "benchmarks.wan.bench_link", *args)
     session.run("python", "-m", "benchmarks.wan.bench_meta", *args)
     session.run("python", "-m", "benchmarks.wan.bench_io", *args)
     session.run("python", "-m", "benchmarks.wan.bench_deploy", *args)
