@@ -81,7 +81,7 @@ async def spawn_local(node: NodeSpec) -> LocalProcess:
             start_new_session=True, close_fds=True,
         )
     except OSError as exc:
-        raise GmountError(f"cannot start {sys.executable}: {exc}") from None
+        raise GmountError(f"cannot start {prefix[0] if prefix else sys.executable}: {exc}") from None
     return LocalProcess(node.name, process)
 
 
