@@ -72,3 +72,35 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_core.py", *session.posargs)
     ensure_system_packages(session, ["make"])
     session.run("python", "benchmarks/bench_make.py")
+    if os.geteuid() == 0:  # the WAN benchmarks need network namespaces (root); reduced size here
+        bench_wan(session, ["--quick"])
+    else:
+        session.warn("WAN benchmarks skipped: they need root (network namespaces); see benchmarks/README.md")
+
+
+WAN_PACKAGES = ["iproute2", "iptables", "util-linux", "gcc", "libnetfilter-queue-dev", "libmnl-dev", "fio", "sshfs",
+                "openssh-server", "openssh-client"]
+
+
+@nox.session
+def wan(session: nox.Session) -> None:
+    """The WAN emulation CLI: `nox -s wan -- up CLUSTER.toml [--gmount]` / `nox -s wan -- down CLUSTER.toml`."""
+    ensure_system_packages(session, BASE_PACKAGES + WAN_PACKAGES)
+    install_project(session)
+    session.run("python", "-m", "benchmarks.wan", *(session.posargs or ["--help"]))
+
+
+def bench_wan(session: nox.Session, args: list[str]) -> None:
+    """Metadata (ParaMark-style), fio and deploy benchmarks over emulated WAN sites (root)."""
+    ensure_system_packages(session, BASE_PACKAGES + WAN_PACKAGES)
+    session.run("python", "-m", "benchmarks.wan.bench_link", *args)
+    session.run("python", "-m", "benchmarks.wan.bench_meta", *args)
+    session.run("python", "-m", "benchmarks.wan.bench_io", *args)
+    session.run("python", "-m", "benchmarks.wan.bench_deploy", *args)
+
+
+@nox.session(name="bench-wan")
+def bench_wan_session(session: nox.Session) -> None:
+    """Only the WAN benchmarks, full size unless `-- --quick` (MooseFS joins if moosefs-* are installed)."""
+    install_project(session)
+    bench_wan(session, session.posargs)

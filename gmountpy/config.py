@@ -24,7 +24,7 @@ _PLACEHOLDERS = ("node", "site", "cluster")
 LAUNCHERS = ("local", "ssh")
 
 _TOP_KEYS = ("name", "launcher", "intra_site_rtt_ms", "tls", "allow_other", "defaults", "nodes", "sites", "links", "tuning", "ssh")
-_NODE_KEYS = ("export", "mountpoint", "listen", "port", "host", "ssh_port", "python", "slots")
+_NODE_KEYS = ("export", "mountpoint", "listen", "port", "host", "ssh_port", "python", "slots", "netns")
 _SITE_KEYS = ("nodes",)
 _LINK_KEYS = ("sites", "rtt_ms")
 _SSH_KEYS = ("known_hosts", "identity", "config", "concurrency", "connect_timeout")
@@ -48,6 +48,7 @@ class NodeSpec:
     ssh_port: int = 22
     python: str = "python3"
     slots: int = 2
+    netns: str | None = None  # local launcher: start the daemon in /run/netns/<netns> (emulated WAN sites)
 
 
 @dataclass(frozen=True)
@@ -165,9 +166,10 @@ class ClusterSpec:
         nodes: dict[str, NodeSpec] = {}
         for name, raw in _expect_table(data["nodes"], "nodes").items():
             raw = _expect_table(raw, f"nodes.{name}")
+            raw = {"netns": None, **raw}  # state files written before netns existed
             _check_keys(raw, tuple(f.name for f in fields(NodeSpec)), f"nodes.{name}", required=True)
             for key in _NODE_KEYS:
-                if key == "host" and raw[key] is None:
+                if key in ("host", "netns") and raw[key] is None:
                     continue
                 _check_node_value(key, raw[key], f"nodes.{name}")
             for key in ("export", "mountpoint"):
@@ -388,6 +390,9 @@ def _build_node(
         expanded = _expand(values[key], mapping, f"{origin[key]}.{key}")
         expanded = os.path.expanduser(expanded)
         values[key] = os.path.normpath(os.path.join(base_dir, expanded))
+    if "netns" in values:
+        values["netns"] = _expand(values["netns"], {"node": node, "site": site, "cluster": cluster},
+                                  f"{origin['netns']}.netns")
     return NodeSpec(name=node, site=site, **values)
 
 
@@ -411,6 +416,9 @@ def _validate(spec: ClusterSpec) -> None:
     _validate_links(spec)
     for node in spec.nodes.values():
         _validate_own_paths(node)
+        if node.netns is not None and spec.launcher != "local":
+            raise SpecError(f"node {node.name!r}: netns needs launcher = \"local\" (it names a network "
+                            f"namespace on this machine), got launcher = {spec.launcher!r}")
     _validate_shared_host(spec)
 
 
@@ -535,6 +543,10 @@ def _check_node_value(key: str, value: Any, where: str) -> None:
     if key in ("export", "mountpoint", "python", "host"):
         if not isinstance(value, str) or not value:
             raise SpecError(f"{name}: must be a non-empty string, got {value!r}")
+    elif key == "netns":
+        if not isinstance(value, str) or not _NAME_RE.fullmatch(value.replace("{", "").replace("}", "")):
+            raise SpecError(f"{name}: must be a network namespace name (letters, digits, '_', '.', '-'; "
+                            f"placeholders {{site}}, {{node}}), got {value!r}")
     elif key == "listen":
         if not isinstance(value, str):
             raise SpecError(f"{name}: must be an IP address string, got {value!r}")

@@ -71,15 +71,18 @@ class LocalProcess:
 
 
 async def spawn_local(node: NodeSpec) -> LocalProcess:
+    # A node with `netns` runs in that network namespace but in this mount namespace
+    # (nsenter --net only), so its FUSE mount is visible here; nsenter execs, keeping the pid.
+    prefix = ["nsenter", f"--net=/run/netns/{node.netns}", "--"] if node.netns else []
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", "gmountpy.node"],
+            [*prefix, sys.executable, "-m", "gmountpy.node"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True, close_fds=True,
             cwd="/",  # not the caller's directory: `python -m` puts it first on sys.path (another checkout's gmountpy)
         )
     except OSError as exc:
-        raise GmountError(f"cannot start {sys.executable}: {exc}") from None
+        raise GmountError(f"cannot start {prefix[0] if prefix else sys.executable}: {exc}") from None
     return LocalProcess(node.name, process)
 
 

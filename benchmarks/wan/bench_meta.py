@@ -1,0 +1,486 @@
+"""ParaMark-style metadata benchmark over emulated WAN sites: gmountpy beside central designs.
+
+    python -m benchmarks.wan.bench_meta [--quick | --ops N] [--r-adj 0.2,0.5,0.8,1.0]
+                                        [--systems gmountpy,sshfs,moosefs] [--out PATH]
+
+A 4-site x 2-node cluster (RTTs 5-30 ms between sites, see CLUSTER) is
+emulated with benchmarks.wan; one client per node runs N ops of each type
+(mkdir, rmdir, creat, stat, stat of a missing name, access, chmod, utime,
+open/close, rename, unlink) on its own mount, all clients at once. For the
+ops on existing files, a fraction r_adj of each client's targets is held at
+the client's own site (half on its own node, half on its site-mate) and the
+rest on nodes of the other sites, chosen at random.
+
+Systems, all inside the same emulated sites, in the same run:
+- gmountpy: daemons in the site namespaces; targets written into the holders' exports.
+- sshfs: one sshd at the central site (the site with the smallest total RTT to the
+  others) serves one directory; every node mounts it (sshfs in its own site's
+  namespace). Metadata and data at one server: r_adj does not change where files are.
+- moosefs: MooseFS master at the central site, one chunkserver per site, mfsmount on
+  every node. Central metadata, distributed data (the Gfarm/Lustre design).
+The aggregate rate of a phase is all clients' ops / the slowest client's time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+from . import sites as wan
+from .meta_client import OPS
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+SITES = {f"s{i}": [f"s{i}a", f"s{i}b"] for i in range(1, 5)}
+LINKS = [("s1", "s2", 5.0), ("s1", "s3", 10.0), ("s2", "s3", 15.0), ("s2", "s4", 20.0), ("s3", "s4", 25.0),
+         ("s1", "s4", 30.0)]
+TARGET_OPS = ("stat", "access", "chmod", "utime", "open_close", "rename", "unlink")
+
+
+def log(message: str) -> None:
+    print(f"[wan-bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def cluster_toml(work: Path, name: str) -> str:
+    lines = [f'name = "{name}"', "[defaults]", f'export = "{work}/gmount/{{node}}/export"',
+             f'mountpoint = "{work}/gmount/{{node}}/mnt"']
+    for site, nodes in SITES.items():
+        lines += [f"[sites.{site}]", "nodes = [" + ", ".join(f'"{n}"' for n in nodes) + "]"]
+    for a, b, rtt in LINKS:
+        lines += ["[[links]]", f'sites = ["{a}", "{b}"]', f"rtt_ms = {rtt}"]
+    return "\n".join(lines) + "\n"
+
+
+def central_site() -> str:
+    total = {s: sum(rtt for a, b, rtt in LINKS if s in (a, b)) for s in SITES}
+    return min(total, key=lambda s: total[s])
+
+
+# --- the workload ------------------------------------------------------------------------
+
+
+def layout(r_adj: float, n: int, seed: int = 1) -> dict[str, dict[str, list[tuple[str, str]]]]:
+    """client -> op -> [(path relative to the namespace root, holder node)], for one r_adj."""
+    tag = f"r{round(r_adj * 100):03d}"
+    site_of = {node: site for site, nodes in SITES.items() for node in nodes}
+    out: dict[str, dict[str, list[tuple[str, str]]]] = {}
+    for client, site in site_of.items():
+        mate = next(n for n in SITES[site] if n != client)
+        remote = [n for n, s in site_of.items() if s != site]
+        ops: dict[str, list[tuple[str, str]]] = {}
+        base = f"wanbench/{tag}/{client}"
+        ops["mkdir"] = ops["rmdir"] = [(f"{base}/new/d{i}", client) for i in range(n)]
+        ops["creat"] = [(f"{base}/new/f{i}", client) for i in range(n)]
+        ops["stat_missing"] = [(f"{base}/miss/m{i}", client) for i in range(n)]
+        for op in TARGET_OPS:
+            rng = random.Random(f"{seed}:{tag}:{client}:{op}")
+            near = round(r_adj * n)
+            kinds = ["near"] * near + ["far"] * (n - near)
+            rng.shuffle(kinds)
+            holders = [(client if i % 2 == 0 else mate) if kind == "near" else rng.choice(remote)
+                       for i, kind in enumerate(kinds)]
+            ops[op] = [(f"{base}/{op}/t{i}", holder) for i, holder in enumerate(holders)]
+        out[client] = ops
+    return out
+
+
+def holdings(plan: dict[str, dict[str, list[tuple[str, str]]]]) -> Iterator[tuple[str, str, str]]:
+    """(kind, path, holder) for everything that must exist before the phases: dirs and target files."""
+    for client, ops in plan.items():
+        base = ops["mkdir"][0][0].rsplit("/new/", 1)[0]
+        yield "dir", f"{base}/new", client
+        yield "dir", f"{base}/miss", client
+        for op in TARGET_OPS:
+            for path, holder in ops[op]:
+                yield "file", path, holder
+
+
+# --- systems under test ------------------------------------------------------------------
+
+
+class System(Protocol):
+    name: str
+
+    def mount(self, node: str) -> Path: ...
+    def place(self, kind: str, path: str, holder: str) -> None: ...
+
+
+class Gmount:
+    """gmountpy: targets written into the holders' exports before `up`, so no cache is stale."""
+
+    name = "gmountpy"
+
+    def __init__(self, emu: wan.Emulation) -> None:
+        from gmountpy.config import load_spec
+
+        self.spec = load_spec(emu.cluster_file)
+        self.emu = emu
+
+    def place(self, kind: str, path: str, holder: str) -> None:
+        target = Path(self.spec.node(holder).export) / path
+        if kind == "dir":
+            target.mkdir(parents=True, exist_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.touch()
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        with wan.gmount_cluster(self.emu):
+            yield
+
+    def mount(self, node: str) -> Path:
+        return Path(self.spec.node(node).mountpoint)
+
+
+class Sshfs:
+    """One sshd at the central site; every node mounts its directory with sshfs from its own site."""
+
+    name = "sshfs"
+
+    def __init__(self, emu: wan.Emulation, work: Path, central: str) -> None:
+        self.emu, self.work = emu, work / "sshfs"
+        self.server = SITES[central][0]
+        self.data = self.work / "server"
+
+    def place(self, kind: str, path: str, holder: str) -> None:
+        target = self.data / path
+        if kind == "dir":
+            target.mkdir(parents=True, exist_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.touch()
+
+    def mount(self, node: str) -> Path:
+        return self.work / "mnt" / node
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        keys = self.work / "keys"
+        keys.mkdir(parents=True, exist_ok=True)
+        for key in ("host", "user"):
+            if not (keys / key).exists():
+                subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / key)], check=True)
+        (keys / "authorized_keys").write_text((keys / "user.pub").read_text())
+        address = self.emu.address[self.server]
+        config = keys / "sshd_config"
+        config.write_text("\n".join([
+            f"ListenAddress {address}:22", f"HostKey {keys / 'host'}", f"AuthorizedKeysFile {keys / 'authorized_keys'}",
+            "PermitRootLogin prohibit-password", "PasswordAuthentication no", "StrictModes no", "UsePAM no",
+            f"PidFile {self.work / 'sshd.pid'}", "Subsystem sftp internal-sftp", "LogLevel ERROR", ""]))
+        os.makedirs("/run/sshd", exist_ok=True)
+        self.emu.spawn(self.server, ["/usr/sbin/sshd", "-D", "-e", "-f", str(config)],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_port(self.emu, self.server, address, 22)
+        for node in self.emu.address:
+            mnt = self.mount(node)
+            mnt.mkdir(parents=True, exist_ok=True)
+            self.emu.add_mount(str(mnt))
+            self.emu.spawn(node, ["sshfs", "-f", f"root@{address}:{self.data}", str(mnt), "-o",
+                                  (f"IdentityFile={keys / 'user'},StrictHostKeyChecking=no,"
+                                   "UserKnownHostsFile=/dev/null,LogLevel=ERROR")],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for node in self.emu.address:
+            _wait_mounted(self.mount(node))
+        try:
+            yield
+        finally:
+            for node in self.emu.address:
+                subprocess.run(["fusermount3", "-u", "-z", str(self.mount(node))], capture_output=True)
+
+
+class MooseFs:
+    """MooseFS: master at the central site, a chunkserver per site, mfsmount on every node."""
+
+    name = "moosefs"
+
+    def __init__(self, emu: wan.Emulation, work: Path, central: str) -> None:
+        self.emu, self.work = emu, work / "moosefs"
+        self.master = SITES[central][0]
+        self.pending: list[tuple[str, str]] = []
+
+    def place(self, kind: str, path: str, holder: str) -> None:
+        self.pending.append((kind, path))  # made through the master-site mount once it is up
+
+    def mount(self, node: str) -> Path:
+        return self.work / "mnt" / node
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        address = self.emu.address[self.master]
+        etc = self.work / "etc"
+        etc.mkdir(parents=True, exist_ok=True)
+        (self.work / "master").mkdir(exist_ok=True)
+        (self.work / "master" / "metadata.mfs").write_bytes(b"MFSM NEW")  # = Debian's metadata.mfs.empty
+        (etc / "mfsexports.cfg").write_text("* / rw,alldirs,maproot=0\n")
+        (etc / "mfsmaster.cfg").write_text("\n".join([
+            f"DATA_PATH = {self.work / 'master'}", f"EXPORTS_FILENAME = {etc / 'mfsexports.cfg'}",
+            "WORKING_USER = root", "WORKING_GROUP = root", f"MATOML_LISTEN_HOST = {address}",
+            f"MATOCS_LISTEN_HOST = {address}", f"MATOCL_LISTEN_HOST = {address}", "SYSLOG_IDENT = gmw-mfsmaster",
+            ""]))
+        self.emu.spawn(self.master, ["mfsmaster", "-f", "-c", str(etc / "mfsmaster.cfg"), "start"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_port(self.emu, self.master, address, 9421)
+        for site, nodes in SITES.items():
+            node = nodes[0]
+            chunks = self.work / "chunks" / site
+            chunks.mkdir(parents=True, exist_ok=True)
+            (etc / f"hdd-{site}.cfg").write_text(f"{chunks}\n")
+            (etc / f"cs-{site}.cfg").write_text("\n".join([
+                f"DATA_PATH = {chunks}", f"HDD_CONF_FILENAME = {etc / f'hdd-{site}.cfg'}", "WORKING_USER = root",
+                "WORKING_GROUP = root", f"MASTER_HOST = {address}", f"BIND_HOST = {self.emu.address[node]}",
+                f"CSSERV_LISTEN_HOST = {self.emu.address[node]}", f"SYSLOG_IDENT = gmw-mfscs-{site}", ""]))
+            self.emu.spawn(node, ["mfschunkserver", "-f", "-c", str(etc / f"cs-{site}.cfg"), "start"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for node in self.emu.address:
+            mnt = self.mount(node)
+            mnt.mkdir(parents=True, exist_ok=True)
+            self.emu.add_mount(str(mnt))
+            self.emu.spawn(node, ["mfsmount", "-f", str(mnt), "-H", address, "-o", "mfscachemode=AUTO"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for node in self.emu.address:
+            _wait_mounted(self.mount(node))
+        top = self.mount(self.master)
+        for kind, path in self.pending:
+            target = top / path
+            if kind == "dir":
+                target.mkdir(parents=True, exist_ok=True)
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.touch()  # empty: a MooseFS file with data needs a chunk (RTTs) per file
+        try:
+            yield
+        finally:
+            for node in self.emu.address:
+                subprocess.run(["fusermount3", "-u", "-z", str(self.mount(node))], capture_output=True)
+
+
+def _wait_port(emu: wan.Emulation, node: str, host: str, port: int, timeout: float = 20) -> None:
+    probe = f"import socket; socket.create_connection(({host!r}, {port}), timeout=1).close()"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if emu.run(node, [sys.executable, "-c", probe], capture_output=True).returncode == 0:
+            return
+        time.sleep(0.2)
+    raise wan.WanError(f"nothing listens on {host}:{port} in {node}'s site after {timeout:g}s")
+
+
+def _wait_mounted(path: Path, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open("/proc/self/mounts") as f:
+            if any(line.split(" ")[1] == str(path) for line in f):
+                return
+        time.sleep(0.1)
+    raise wan.WanError(f"{path} was not mounted within {timeout:g}s")
+
+
+# --- running the phases ----------------------------------------------------------------
+
+
+def run_phases(system: Any, plan: dict[str, dict[str, list[tuple[str, str]]]], r_adj: float,
+               ops: tuple[str, ...]) -> list[dict[str, Any]]:
+    clients: dict[str, subprocess.Popen[str]] = {}
+    rows: list[dict[str, Any]] = []
+    try:
+        for client, paths in plan.items():
+            mount = system.mount(client)
+            # Run as a script: importing the package would import networkx in every client.
+            process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("meta_client.py"))],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            assert process.stdin is not None and process.stdout is not None
+            process.stdin.write(json.dumps({"paths": {op: [str(mount / p) for p, _ in paths[op]]
+                                                      for op in OPS}}) + "\n")
+            process.stdin.flush()
+            if process.stdout.readline().strip() != "READY":
+                raise wan.WanError(f"metadata client for {client} did not start")
+            clients[client] = process
+        for op in ops:
+            for process in clients.values():
+                assert process.stdin is not None
+                process.stdin.write(f"GO {op}\n")
+                process.stdin.flush()
+            replies = {c: json.loads(p.stdout.readline()) for c, p in clients.items()}  # type: ignore[union-attr]
+            slowest = max(r["seconds"] for r in replies.values())
+            total = sum(r["count"] for r in replies.values())
+            errors = sum(r["errors"] for r in replies.values())
+            row = {"system": system.name, "r_adj": r_adj, "op": op, "ops_per_s": total / slowest if slowest else None,
+                   "clients": len(replies), "ops_per_client": total // len(replies), "seconds_slowest": slowest,
+                   "seconds_per_client": {c: round(r["seconds"], 4) for c, r in replies.items()},
+                   "errors": errors, "first_errors": [e for r in replies.values() for e in r["first_errors"]][:3]}
+            rows.append(row)
+            log(f"{system.name:<9} r_adj={r_adj:.1f} {op:<13} {row['ops_per_s']:>10.1f} ops/s"
+                + (f"  ({errors} errors: {row['first_errors'][:1]})" if errors else ""))
+    finally:
+        for process in clients.values():
+            try:
+                assert process.stdin is not None
+                process.stdin.close()
+                process.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                process.kill()
+                process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
+    return rows
+
+
+def describe_run() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"machine": {"host": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count(), "cpu": cpu},
+            "commit": git("rev-parse", "HEAD") + ("-dirty" if git("status", "--porcelain") else ""),
+            "loadavg_start": os.getloadavg()}
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ops", type=int, default=1000, help="ops per client per op type (default 1000)")
+    parser.add_argument("--quick", action="store_true", help="50 ops per client per type")
+    parser.add_argument("--r-adj", default="0.2,0.5,0.8,1.0")
+    parser.add_argument("--systems", default="gmountpy,sshfs,moosefs")
+    parser.add_argument("--out", type=Path, default=RESULTS / "wan_meta.json")
+    args = parser.parse_args(argv)
+    n = 50 if args.quick else args.ops
+    r_values = [float(r) for r in args.r_adj.split(",")]
+    systems = [s for s in args.systems.split(",") if s]
+    if (why := wan.problem()) is not None:
+        log(f"cannot run: {why}")
+        return 1
+    if "moosefs" in systems and shutil.which("mfsmaster") is None:
+        log("moosefs skipped: mfsmaster not installed (Debian: moosefs-master moosefs-chunkserver moosefs-client)")
+        systems.remove("moosefs")
+    if "sshfs" in systems and shutil.which("sshfs") is None:
+        log("sshfs skipped: not installed (Debian: sshfs)")
+        systems.remove("sshfs")
+
+    signal.signal(signal.SIGTERM, _interrupt)  # tear down as on Ctrl-C
+    run = describe_run()
+    rows: list[dict[str, Any]] = []
+    central = central_site()
+    with tempfile.TemporaryDirectory(prefix="gmw-meta-") as tmp, ExitStack() as stack:
+        work = Path(tmp)
+        old_state = os.environ.get("XDG_STATE_HOME")
+        os.environ["XDG_STATE_HOME"] = str(work / "state")
+        stack.callback(lambda: os.environ.__setitem__("XDG_STATE_HOME", old_state) if old_state
+                       else os.environ.pop("XDG_STATE_HOME", None))
+        name = f"wanmeta-{os.getpid()}"
+        (work / "cluster.toml").write_text(cluster_toml(work, name))
+        emu = stack.enter_context(wan.emulate(work / "cluster.toml", workdir=work))
+        log(f"emulated {len(SITES)} sites x 2 nodes; central site for sshfs/moosefs: {central}; {n} ops/client/type")
+        plans = {r: layout(r, n) for r in r_values}
+        for system_name in systems:
+            system: Any
+            if system_name == "gmountpy":
+                system = Gmount(emu)
+            elif system_name == "sshfs":
+                system = Sshfs(emu, work, central)
+            elif system_name == "moosefs":
+                system = MooseFs(emu, work, central)
+            else:
+                raise SystemExit(f"unknown system {system_name!r} (gmountpy, sshfs, moosefs)")
+            for plan in plans.values():
+                for kind, path, holder in holdings(plan):
+                    system.place(kind, path, holder)
+            started = time.monotonic()
+            with system.running():
+                log(f"{system_name} up in {time.monotonic() - started:.1f}s")
+                for r, plan in plans.items():
+                    rows += run_phases(system, plan, r, OPS)
+        run["loadavg_end"] = os.getloadavg()
+        cluster = (work / "cluster.toml").read_text().replace(str(work), "$WORK")
+    result = {"benchmark": "wan_meta", **run, "cluster": cluster, "central_site": central,
+              "ops_per_client": n, "clients": sum(len(v) for v in SITES.values()), "results": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    log(f"wrote {args.out}")
+    print(table(result))
+    plot(result, args.out.with_suffix(".png"))
+    return 0
+
+
+def table(result: dict[str, Any]) -> str:
+    """Markdown: ops/s per op (rows) and system x r_adj (columns)."""
+    rows = result["results"]
+    systems = list(dict.fromkeys(r["system"] for r in rows))
+    r_values = list(dict.fromkeys(r["r_adj"] for r in rows))
+    cols = [(s, r) for s in systems for r in r_values]
+    value = {(r["system"], r["r_adj"], r["op"]): r["ops_per_s"] for r in rows}
+    lines = ["| op | " + " | ".join(f"{s} r={r:g}" for s, r in cols) + " |",
+             "|---|" + "---:|" * len(cols)]
+    for op in OPS:
+        cells = [value.get((s, r, op)) for s, r in cols]
+        lines.append(f"| {op} | " + " | ".join("-" if v is None else f"{v:.0f}" for v in cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["results"]
+    systems = list(dict.fromkeys(r["system"] for r in rows))
+    r_values = list(dict.fromkeys(r["r_adj"] for r in rows))
+    value = {(r["system"], r["r_adj"], r["op"]): r["ops_per_s"] or 0 for r in rows}
+    fig, axes = plt.subplots(len(r_values), 1, figsize=(11, 2.6 * len(r_values)), sharex=True, squeeze=False)
+    width = 0.8 / max(1, len(systems))
+    for ax, r in zip(axes[:, 0], r_values):
+        for k, system in enumerate(systems):
+            xs = [i + k * width for i in range(len(OPS))]
+            ax.bar(xs, [value.get((system, r, op), 0) for op in OPS], width, label=system)
+        ax.set_yscale("log")
+        ax.set_ylabel("ops/s")
+        ax.set_title(f"r_adj = {r:g}", fontsize=9)
+    axes[0, 0].legend(fontsize=8, ncol=len(systems))
+    axes[-1, 0].set_xticks([i + 0.4 - width / 2 for i in range(len(OPS))], OPS, rotation=30, fontsize=8)
+    fig.suptitle(f"Aggregate metadata ops/s, {result['clients']} clients on 4 WAN sites (RTT 5-30 ms), "
+                 f"{result['ops_per_client']} ops/client/type — commit {result['commit'][:10]}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    if len(systems) > 1 and "gmountpy" in systems:
+        fig, ax = plt.subplots(figsize=(9, 4))
+        for base in [s for s in systems if s != "gmountpy"]:
+            for op in ("stat", "open_close", "chmod", "creat", "stat_missing"):
+                ys = [value[("gmountpy", r, op)] / value[(base, r, op)] if value.get((base, r, op)) else 0
+                      for r in r_values]
+                ax.plot(r_values, ys, marker="o", label=f"{op} vs {base}")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_yscale("log")
+        ax.set_xlabel("r_adj (fraction of targets at the client's site)")
+        ax.set_ylabel("gmountpy ops/s ÷ baseline ops/s")
+        ax.legend(fontsize=7, ncol=2)
+        ax.set_title("gmountpy relative to central designs in the same run", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(path.with_name(path.stem + "_ratio.png"), dpi=110)
+        plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""`python -m benchmarks.wan up|down CLUSTER.toml`: make a cluster file's sites real network namespaces."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from gmountpy.errors import GmountError
+
+from . import sites as wan
+
+
+@click.group()
+def cli() -> None:
+    """Emulated WAN sites (network namespaces with the cluster file's RTTs) on this machine."""
+
+
+@cli.command("up")
+@click.argument("cluster_file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--gmount", "start_gmount", is_flag=True, help="Also run `gmount up` on the emulated sites.")
+def up_command(cluster_file: str, start_gmount: bool) -> None:
+    """Create one namespace per site, the hub and the delays; print the cluster file for gmount."""
+    emu = wan.up(cluster_file)
+    click.echo(f"cluster {emu.name}: {len(emu.netns)} sites emulated (hub {emu.hub})")
+    for site, ns in emu.netns.items():
+        nodes = [f"{n}={emu.address[n]}" for n, s in emu.site_of.items() if s == site]
+        click.echo(f"  {site:<12} {ns:<28} {' '.join(nodes)}")
+    for pair, rtt in emu.rtt_ms.items():
+        a, b = pair.split("|")
+        if a < b:
+            click.echo(f"  rtt {a} <-> {b}: {rtt:g} ms")
+    if start_gmount:
+        from gmountpy import launch
+        from gmountpy.config import load_spec
+
+        emu.gmount_up = True
+        emu.save()
+        try:
+            launch.up(load_spec(emu.cluster_file))
+        except BaseException:
+            wan.down(emu)
+            raise
+        click.echo("gmount is up on the emulated sites")
+    else:
+        click.echo(f"start gmount on it: gmount up {emu.cluster_file}")
+    click.echo(f"run a command in a site: nsenter --net=/run/netns/{next(iter(emu.netns.values()))} -- CMD")
+    click.echo(f"tear everything down: python -m benchmarks.wan down {cluster_file}")
+
+
+@cli.command("down")
+@click.argument("cluster", type=str)
+def down_command(cluster: str) -> None:
+    """Remove namespaces, delays, processes and mounts of an emulation (by cluster file or name)."""
+    name = cluster
+    if cluster.endswith(".toml"):
+        _, spec, _ = wan.load_cluster(cluster)
+        name = spec.name
+    if wan.Emulation.load(name) is None:
+        click.echo(f"no emulation of cluster {name!r} is recorded")
+        return
+    problems = wan.down(name)
+    for problem in problems:
+        click.echo(f"problem: {problem}", err=True)
+    if problems:
+        raise SystemExit(1)
+    click.echo(f"emulation of {name} removed")
+
+
+def main() -> int:
+    try:
+        cli.main(standalone_mode=False)
+    except GmountError as exc:
+        click.echo(f"gmount-wan: {exc}", err=True)
+        return 1
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Abort:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""The WAN emulation harness (benchmarks/wan): sites as network namespaces with real RTTs.
+
+Runs as root with network namespaces, iptables-legacy, gcc and libnetfilter_queue;
+under CI a missing capability is a failure. No timing assertion here is about
+gmount itself: only the emulated network's RTT is checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.wan import Emulation, down, emulate, gmount_cluster, problem
+from benchmarks.wan.sites import IPTABLES
+
+from ..conftest import fuse_problem, require, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def wan() -> None:
+    require("WAN emulation (root, netns, iptables-legacy, gcc, libnetfilter-queue)", problem())
+
+
+def cluster_file(base: Path, rtt_ms: float, nodes_per_site: int = 1) -> Path:
+    name = f"wan-{uuid.uuid4().hex[:8]}"
+    sites = {"east": [f"e{i}" for i in range(1, nodes_per_site + 1)],
+             "west": [f"w{i}" for i in range(1, nodes_per_site + 1)]}
+    lines = [f'name = "{name}"', "[defaults]", f'export = "{base}/{{node}}/export"',
+             f'mountpoint = "{base}/{{node}}/mnt"', "[tuning]", "attr_ttl = 0.5", "negative_ttl = 0.5"]
+    for site, nodes in sites.items():
+        lines += [f"[sites.{site}]", "nodes = [" + ", ".join(f'"{n}"' for n in nodes) + "]"]
+    lines += ["[[links]]", 'sites = ["east", "west"]', f"rtt_ms = {rtt_ms}"]
+    path = base / "cluster.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def host_snapshot() -> dict[str, str]:
+    """What of the host's networking a run could leave behind: netns list, links, iptables."""
+    return {
+        "netns": subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout,
+        "links": subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout,
+        "iptables": subprocess.run([IPTABLES, "-S"], capture_output=True, text=True).stdout,
+    }
+
+
+def assert_gone(emu: Emulation, before: dict[str, str], pids: list[int]) -> None:
+    after = host_snapshot()
+    for ns in [emu.hub, *emu.netns.values()]:
+        assert not Path(f"/run/netns/{ns}").exists(), f"namespace {ns} left behind"
+        assert ns not in after["netns"]
+    # Other runs may add or remove their own namespaces meanwhile: compare only ours.
+    assert after["links"] == before["links"] or emu.prefix not in after["links"]
+    assert after["iptables"] == before["iptables"], "the host's iptables rules changed"
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or _zombie(pid), f"process {pid} left running"
+    with open("/proc/self/mounts") as f:
+        assert emu.prefix not in f.read()
+    assert not emu.state_file.exists()
+    assert not Path(emu.cluster_file).exists()
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.fixture
+def base(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+    # A failed test must not leave an emulation behind: down whatever is recorded for it.
+    for toml in tmp_path.glob("cluster.toml"):
+        name = toml.read_text().split('"')[1]
+        down(name)
+
+
+def probe(emu: Emulation, where: str, *args: str) -> subprocess.Popen[str]:
+    return emu.spawn(where, [sys.executable, "-m", "benchmarks.wan.probe", *args], cwd=ROOT,
+                     stdout=subprocess.PIPE, text=True)
+
+
+def reap(*processes: subprocess.Popen[str]) -> None:
+    """After teardown: collect the exit status and close the pipes of processes started in a site."""
+    for process in processes:
+        process.wait(timeout=10)
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+@pytest.mark.parametrize("rtt_ms", [4.0, 20.0])
+def test_tcp_ping_pong_between_sites_measures_the_configured_rtt(wan: None, base: Path, rtt_ms: float) -> None:
+    before = host_snapshot()
+    with emulate(cluster_file(base, rtt_ms), workdir=base) as emu:
+        server = probe(emu, "west", "serve", emu.address["w1"], "5201")
+        assert server.stdout is not None and server.stdout.readline().strip() == "LISTENING"
+        client = probe(emu, "east", "rtt", emu.address["w1"], "5201", "30")
+        out, _ = client.communicate(timeout=60)
+        samples = json.loads(out)["rtt_ms"]
+        median = statistics.median(samples)
+        assert rtt_ms * 0.8 <= median <= rtt_ms * 1.2, f"median RTT {median:.2f} ms for a {rtt_ms} ms link"
+        # Within a site there is no added delay.
+        server2 = probe(emu, "east", "serve", "127.0.0.1", "5202")
+        assert server2.stdout is not None and server2.stdout.readline().strip() == "LISTENING"
+        local_client = probe(emu, "east", "rtt", "127.0.0.1", "5202", "10")
+        local, _ = local_client.communicate(timeout=30)
+        assert statistics.median(json.loads(local)["rtt_ms"]) < rtt_ms * 0.5
+        pids = [*emu.pids, emu.delay_pid]
+    reap(server, client, server2, local_client)
+    assert_gone(emu, before, pids)
+
+
+def test_gmount_across_sites_reads_a_remote_file_and_teardown_leaves_nothing(wan: None, base: Path) -> None:
+    require("FUSE", fuse_problem())
+    before = host_snapshot()
+    payload = os.urandom(300_000)
+    export = base / "w1" / "export"
+    export.mkdir(parents=True)
+    (export / "remote.bin").write_bytes(payload)
+    with emulate(cluster_file(base, 6.0), workdir=base) as emu, gmount_cluster(emu) as spec:
+        daemons = [int(p) for ns in emu.netns.values()
+                   for p in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()]
+        assert len(daemons) == 2, "one daemon per node, each inside its site's namespace"
+        mount = Path(spec.node("e1").mountpoint)
+        assert (mount / "remote.bin").read_bytes() == payload
+        (mount / "made-in-east.txt").write_text("east")
+        assert wait_for(lambda: (Path(spec.node("w1").mountpoint) / "made-in-east.txt").exists())
+        assert (base / "e1" / "export" / "made-in-east.txt").read_text() == "east"
+        pids = [*daemons, emu.delay_pid]
+    assert_gone(emu, before, pids)
+    assert not os.path.ismount(base / "e1" / "mnt")
+
+
+def test_interrupt_inside_the_block_still_tears_everything_down(wan: None, base: Path) -> None:
+    before = host_snapshot()
+    with pytest.raises(KeyboardInterrupt), emulate(cluster_file(base, 2.0), workdir=base) as emu:
+        sleeper = emu.spawn("east", ["sleep", "600"])
+        raise KeyboardInterrupt
+    reap(sleeper)
+    assert_gone(emu, before, [sleeper.pid, emu.delay_pid])
+
+
+def test_down_by_name_removes_an_emulation_left_up(wan: None, base: Path) -> None:
+    before = host_snapshot()
+    from benchmarks.wan import up
+
+    emu = up(cluster_file(base, 2.0), workdir=base)
+    sleeper = emu.spawn("west", ["sleep", "600"])
+    assert Emulation.load(emu.name) is not None
+    assert down(emu.name) == []
+    assert down(emu.name) == []  # safe twice
+    reap(sleeper)
+    assert_gone(emu, before, [sleeper.pid, emu.delay_pid])
+
+
+def test_netns_in_a_cluster_file_expands_placeholders_and_needs_the_local_launcher(tmp_path: Path) -> None:
+    from gmountpy.config import ClusterSpec, SpecError, parse_spec
+
+    defaults = {"export": "/x/{node}/e", "mountpoint": "/x/{node}/m", "netns": "ns-{site}"}
+    data: dict[str, Any] = {"name": "c", "defaults": defaults,
+            "sites": {"a": {"nodes": ["n1"]}, "b": {"nodes": ["n2"]}},
+            "links": [{"sites": ["a", "b"], "rtt_ms": 5}]}
+    spec = parse_spec(data)
+    assert spec.node("n1").netns == "ns-a" and spec.node("n2").netns == "ns-b"
+    assert ClusterSpec.from_dict(spec.to_dict()) == spec
+    old = spec.to_dict()
+    for node in old["nodes"].values():
+        del node["netns"]  # a state file written before netns existed
+    assert ClusterSpec.from_dict(old).node("n1").netns is None
+    with pytest.raises(SpecError, match="netns needs launcher"):
+        parse_spec({**data, "launcher": "ssh"})
+    with pytest.raises(SpecError, match="network namespace name"):
+        parse_spec({**data, "defaults": {**defaults, "netns": "../etc"}})
+
+
+def test_bandwidth_mbit_caps_the_link_and_is_not_passed_to_gmount(wan: None, base: Path) -> None:
+    path = cluster_file(base, 2.0)
+    path.write_text(path.read_text() + "bandwidth_mbit = 80\n")  # appended to the [[links]] table
+    with emulate(path, workdir=base) as emu:
+        assert "bandwidth_mbit =" not in Path(emu.cluster_file).read_text()
+        server = probe(emu, "west", "serve", emu.address["w1"], "5203")
+        assert server.stdout is not None and server.stdout.readline().strip() == "LISTENING"
+        client = probe(emu, "east", "bulk", emu.address["w1"], "5203", "2")
+        out, _ = client.communicate(timeout=60)
+        measured = json.loads(out)
+        mbit = measured["bytes"] * 8 / measured["seconds"] / 1e6
+        assert 40 <= mbit <= 84, f"{mbit:.1f} Mbit/s through an 80 Mbit/s cap"
+    reap(server, client)
