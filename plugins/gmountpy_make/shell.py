@@ -18,7 +18,9 @@ loaded only to reach SSH nodes.
   group; INT, TERM, HUP and QUIT are forwarded to the whole group, and
   what is left of the group after that is terminated, so Ctrl-C (and
   make's SIGTERM) stop everything the recipe started. On an SSH
-  cluster it is `Cluster.run(..., on=node, capture=False)`.
+  cluster it is `Cluster.spawn(..., on=node)`, stopped (its whole process
+  group on that node) when make is interrupted; make's own node runs its
+  recipes itself.
 - stdout, stderr and stdin are the recipe's own; the exit status is the
   recipe's (a recipe killed by a signal kills gmount-sh with that signal).
 - One JSON line per recipe goes to $GMOUNT_PLACEMENT_LOG.
@@ -64,7 +66,7 @@ def main() -> None:
     node = choose(cluster, here, holdings)
     command = [shell, *args]
     started = time.monotonic()
-    if cluster.nodes[node].remote:
+    if cluster.nodes[node].remote and node != here:  # make's own node runs its recipes itself
         status = run_over_ssh(cluster, node, ns_dir, command)
     else:
         status = run_local(cluster, node, ns_dir, command, target)
@@ -162,19 +164,38 @@ def stop_group(group: int, grace: float = 2.0) -> None:
             time.sleep(0.02)
 
 
+#: make's own variables a sub-make on the other node needs (jobserver fds do not cross SSH: dropped).
+SSH_FORWARDED = ("MAKELEVEL", "GMOUNT_PLACEMENT_LOG", "GMOUNT_RECIPE_SHELL")
+
+
 def run_over_ssh(cluster: mounts.MountedCluster, node: str, ns_dir: str, command: list[str]) -> int:
-    """Run `command` on an SSH node through the public API (streams stdout/stderr as they come)."""
+    """Run `command` on an SSH node (public `Cluster.spawn`): output streams as it comes, and
+    Ctrl-C, SIGTERM or SIGHUP to make stops the command's whole process group on that node."""
     import shlex
 
     from gmountpy.api import Cluster
     from gmountpy.errors import GmountError
+
+    env = {name: os.environ[name] for name in SSH_FORWARDED if name in os.environ}
     try:
-        result = Cluster.open(cluster.name).run(shlex.join(command), on=node, cwd=ns_dir, capture=False)
+        job = Cluster.open(cluster.name).spawn(shlex.join(command), on=node, cwd=ns_dir, env=env)
     except GmountError as exc:
         fail(str(exc), 255)
+    stopped_by: list[int] = []
+
+    def stop(sig: int, frame: FrameType | None) -> None:
+        stopped_by.append(sig)
+        raise KeyboardInterrupt
+
+    for sig in FORWARDED:
+        signal.signal(sig, stop)
+    try:
+        return job.wait()
     except KeyboardInterrupt:
-        return -signal.SIGINT
-    return result.returncode
+        for sig in FORWARDED:
+            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the cleanup
+        job.stop(grace=2.0)
+        return -(stopped_by[0] if stopped_by else signal.SIGINT)
 
 
 def log(cluster: mounts.MountedCluster, target: str, node: str, make_node: str, ns_dir: str,

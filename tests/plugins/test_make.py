@@ -75,13 +75,13 @@ def make_problem() -> str | None:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """negative_ttl = 0: make stats each target in n1's mount before another node creates it, and the
-    cross-node "no stale not-found" rule is being fixed elsewhere; without it reads of fresh outputs flake."""
+    """Default TTLs on purpose: make stats each target in n1's mount before another node creates it,
+    so these runs also prove the cross-node hand-off (no stale "not found", close-to-open)."""
     require("FUSE", fuse_problem())
     require("GNU make and gmount-sh", make_problem())
     base = tmp_path_factory.mktemp("make")
     with local_cluster(base, f"mk-{os.getpid()}", {"tsukuba": ["n1", "n2"], "hongo": ["n3", "n4"]},
-                       [("tsukuba", "hongo", 14.0)], tuning="attr_ttl = 0.5\nnegative_ttl = 0") as c:
+                       [("tsukuba", "hongo", 14.0)]) as c:
         yield c
 
 
