@@ -7,12 +7,16 @@ holder streams while the kernel consumes. Random reads are passed through
 at exactly the offset and size asked for (Montage's mConcatFit reads small
 pieces of many files: fetching whole blocks there would waste bandwidth).
 
-Blocks belong to one open handle and die with it (close-to-open).
+Blocks belong to one open handle and die with it (close-to-open). All
+handles of a node draw their blocks from one MemoryBudget (tuning.readahead_mib):
+when it is spent, reads go straight to the holder, exactly as asked, until
+blocks are freed -- slower, never an error.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
@@ -25,6 +29,34 @@ SEQUENTIAL_AFTER = 2  # consecutive sequential reads before switching to blocks
 
 Fetch = Callable[[int, int], Awaitable[bytes]]
 
+log = logging.getLogger(__name__)
+
+
+class MemoryBudget:
+    """Bytes of read-ahead a node may hold over all its open handles."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.refused = 0
+
+    def take(self, size: int) -> bool:
+        if self.used + size > self.limit:
+            if not self.refused:
+                log.warning("read-ahead memory limit reached (%d MiB, tuning.readahead_mib): further "
+                            "sequential reads go straight to the holder until blocks are freed", self.limit >> 20)
+            self.refused += 1
+            return False
+        self.used += size
+        return True
+
+    def give(self, size: int) -> None:
+        self.used -= size
+
+
+#: The budget of this process's node (one mount per process); the daemon sets its limit from tuning.
+NODE_BUDGET = MemoryBudget(256 << 20)
+
 
 class _Pending:
     def __init__(self) -> None:
@@ -34,9 +66,10 @@ class _Pending:
 
 
 class ReadAhead:
-    def __init__(self, fetch: Fetch, nursery: trio.Nursery) -> None:
+    def __init__(self, fetch: Fetch, nursery: trio.Nursery, budget: MemoryBudget | None = None) -> None:
         self._fetch = fetch
         self._nursery = nursery
+        self._budget = budget if budget is not None else NODE_BUDGET
         self._blocks: OrderedDict[int, bytes] = OrderedDict()
         self._pending: dict[int, _Pending] = {}
         self._next_offset = -1
@@ -57,6 +90,8 @@ class ReadAhead:
         parts = []
         for index in range(first, last + 1):
             data = await self._block(index)
+            if data is None:  # no budget for a block: this read goes to the holder as it is
+                return await self._fetch(offset, size)
             parts.append(data)
             if len(data) < BLOCK:
                 self._eof_block = index
@@ -67,6 +102,7 @@ class ReadAhead:
 
     def invalidate(self) -> None:
         """Our handle wrote: cached blocks may be stale."""
+        self._budget.give(BLOCK * len(self._blocks))  # pending blocks give theirs back when they finish
         self._blocks.clear()
         self._pending.clear()
         self._generation += 1
@@ -82,16 +118,18 @@ class ReadAhead:
         first, last = offset // BLOCK, (offset + size - 1) // BLOCK
         return all(i in self._blocks for i in range(first, last + 1))
 
-    async def _block(self, index: int) -> bytes:
+    async def _block(self, index: int) -> bytes | None:
         cached = self._blocks.get(index)
         if cached is not None:
             self._blocks.move_to_end(index)
             return cached
         pending = self._pending.get(index)
         if pending is None:
+            if self._eof_block is not None and index > self._eof_block:
+                return b""  # beyond the end of the file
             pending = self._start(index)
-            if pending is None:  # beyond the end of the file
-                return b""
+            if pending is None:
+                return None
         await pending.done.wait()
         if pending.error is not None:
             raise pending.error
@@ -105,7 +143,10 @@ class ReadAhead:
                     break
 
     def _start(self, index: int) -> _Pending | None:
+        """Fetch a block in the background; None beyond the end of the file or without budget."""
         if self._eof_block is not None and index > self._eof_block:
+            return None
+        if not self._budget.take(BLOCK):
             return None
         pending = self._pending[index] = _Pending()
         self._nursery.start_soon(self._run, index, pending, self._generation)
@@ -126,9 +167,14 @@ class ReadAhead:
             if self._pending.get(index) is pending:
                 del self._pending[index]
             if pending.data is not None and generation == self._generation:
+                if index in self._blocks:
+                    self._budget.give(BLOCK)  # replaces a block that holds budget already
                 self._blocks[index] = pending.data
                 if len(pending.data) < BLOCK:
                     self._eof_block = index
                 while len(self._blocks) > KEEP:
                     self._blocks.popitem(last=False)
+                    self._budget.give(BLOCK)
+            else:
+                self._budget.give(BLOCK)
             pending.done.set()

@@ -18,6 +18,7 @@ import inspect
 
 import trio
 
+from ..config import Tuning
 from ..rpc import Session
 from .export import Attr, Export
 from .replicas import Replica, ReplicaTable
@@ -33,19 +34,60 @@ def _absent(exc: OSError) -> bool:
     return exc.errno in (errno.ENOENT, errno.ENOTDIR)
 
 
+class _NodeUsage:
+    """Handles and listing snapshots held by all connections of one node, against the tuning limits."""
+
+    def __init__(self, node: str, tuning: Tuning) -> None:
+        self.node = node
+        self.tuning = tuning
+        self.handles = 0
+        self.listings = 0
+
+
 class _Handles:
     """Descriptors opened on behalf of one peer connection."""
 
-    def __init__(self) -> None:
+    def __init__(self, usage: _NodeUsage | None = None) -> None:
         self.fds: dict[int, int] = {}
         self.listings: dict[int, list[Any]] = {}  # directory snapshots being paged through
         self.next = 1
+        self.usage = usage or _NodeUsage("this node", Tuning())
+
+    def check_room_for_file(self) -> None:
+        """EMFILE naming the limit, before anything is opened."""
+        usage, tuning = self.usage, self.usage.tuning
+        if len(self.fds) >= tuning.handles_per_connection:
+            raise OSError(errno.EMFILE, f"too many open files on node {usage.node} for one connection: "
+                                        f"{len(self.fds)}, the limit of tuning.handles_per_connection; "
+                                        "close some or raise the limit")
+        if usage.handles >= tuning.handles_per_node:
+            raise OSError(errno.EMFILE, f"too many open files on node {usage.node}: {usage.handles} over all "
+                                        "connections, the limit of tuning.handles_per_node; "
+                                        "close some or raise the limit")
+
+    def check_room_for_listing(self) -> None:
+        usage, tuning = self.usage, self.usage.tuning
+        if len(self.listings) >= tuning.listings_per_connection:
+            raise OSError(errno.EMFILE, f"too many open directory listings on node {usage.node} for one "
+                                        f"connection: {len(self.listings)}, the limit of "
+                                        "tuning.listings_per_connection; close some (closedir) or raise the limit")
+        if usage.listings >= tuning.listings_per_node:
+            raise OSError(errno.EMFILE, f"too many open directory listings on node {usage.node}: {usage.listings} "
+                                        "over all connections, the limit of tuning.listings_per_node; "
+                                        "close some (closedir) or raise the limit")
 
     def add(self, fd: int) -> int:
         handle = self.next
         self.next += 1
         self.fds[handle] = fd
+        self.usage.handles += 1
         return handle
+
+    def remove(self, handle: int) -> int:
+        fd = self.get(handle)
+        del self.fds[handle]
+        self.usage.handles -= 1
+        return fd
 
     def get(self, handle: int) -> int:
         try:
@@ -57,7 +99,12 @@ class _Handles:
         handle = self.next
         self.next += 1
         self.listings[handle] = entries
+        self.usage.listings += 1
         return handle
+
+    def drop_listing(self, handle: int) -> None:
+        if self.listings.pop(handle, None) is not None:
+            self.usage.listings -= 1
 
     def listing(self, handle: int) -> list[Any]:
         try:
@@ -68,6 +115,8 @@ class _Handles:
     def close_all(self) -> None:
         for fd in self.fds.values():
             os.close(fd)
+        self.usage.handles -= len(self.fds)
+        self.usage.listings -= len(self.listings)
         self.fds.clear()
         self.listings.clear()
 
@@ -83,8 +132,9 @@ class NodeService:
 
     def __init__(self, export: Export, info: dict[str, Any],
                  extra: dict[str, Callable[..., Awaitable[Any]]] | None = None,
-                 replicas: ReplicaTable | None = None) -> None:
+                 replicas: ReplicaTable | None = None, *, tuning: Tuning | None = None) -> None:
         self.export = export
+        self.usage = _NodeUsage(str(info.get("node", "this node")), tuning or Tuning())
         self.replicas = replicas if replicas is not None else ReplicaTable()
         self.info = info
         self._extra = extra or {}
@@ -106,11 +156,10 @@ class NodeService:
             return await result
         return result
 
-    @staticmethod
-    def _handles(session: Session) -> _Handles:
+    def _handles(self, session: Session) -> _Handles:
         handles = session.data.get("handles")
         if handles is None:
-            handles = session.data["handles"] = _Handles()
+            handles = session.data["handles"] = _Handles(self.usage)
             session.cleanups.append(handles.close_all)
         return handles
 
@@ -185,6 +234,7 @@ class NodeService:
 
     def op_opendir(self, handles: _Handles, path: str) -> tuple[int, int] | None:
         """Snapshot a directory's listing for paging: (handle, number of entries), None if absent."""
+        handles.check_room_for_listing()
         entries = self._listing(path)
         if entries is None:
             return None
@@ -196,7 +246,7 @@ class NodeService:
         return listing[_int(start, "start"):start + count]
 
     def op_closedir(self, handles: _Handles, handle: int) -> None:
-        handles.listings.pop(handle, None)
+        handles.drop_listing(handle)
 
     def _listing(self, path: str) -> list[tuple[str, Attr] | tuple[str, Attr, str]] | None:
         try:
@@ -261,6 +311,7 @@ class NodeService:
     # -- file data, through handles owned by the connection ----------------
 
     def op_open(self, handles: _Handles, path: str, flags: int) -> tuple[int, Attr]:
+        handles.check_room_for_file()
         fd = self.export.open(path, _int(flags, "flags"))
         try:
             attr = Attr.from_stat(os.fstat(fd))
@@ -295,6 +346,4 @@ class NodeService:
         return Attr.from_stat(os.fstat(fd))
 
     def op_close(self, handles: _Handles, handle: int) -> None:
-        fd = handles.get(handle)
-        del handles.fds[handle]
-        os.close(fd)
+        os.close(handles.remove(handle))
