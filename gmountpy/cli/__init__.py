@@ -8,9 +8,11 @@ import click
 
 from ..errors import GmountError
 from . import demo, down, ls, place, probe, run, stage, status, up, where
+from . import audit
 
 COMMANDS: list[click.Command] = [up.command, down.command, status.command, where.command, probe.command,
                                  ls.command, stage.command, place.command, run.command, demo.command]
+COMMANDS.append(audit.command)
 
 
 class _Group(click.Group):
