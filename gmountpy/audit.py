@@ -86,9 +86,10 @@ def _links(spec: ClusterSpec) -> list[Finding]:
     for node in spec.nodes.values():
         address = ipaddress.ip_address(node.listen)
         if address.is_unspecified:
-            findings.append(Finding(WARN, "links", f"node {node.name}",
-                                    f"listens on {node.listen}: reachable on every network of its host; "
-                                    "set listen to the one address its peers use"))
+            findings.append(Finding(INFO if spec.tls else WARN, "links", f"node {node.name}",
+                                    f"listens on {node.listen}: reachable on every network of its host"
+                                    + ("" if spec.tls else " without TLS; set tls = true, or listen to the one "
+                                                           "address its peers use")))
         elif not spec.tls and not address.is_loopback:
             findings.append(Finding(INFO, "links", f"node {node.name}", f"listens on {node.listen} without TLS"))
     return findings

@@ -55,7 +55,8 @@ def test_weak_settings_between_hosts_are_warned_about() -> None:
                       "n3": {"host": "h3", "listen": "10.0.0.3"}}}
     safe = auditing.audit(parse_spec(base))  # TLS is the default between hosts
     assert all(f.level == "ok" for f in by_topic(safe, "links") if f.subject != "node n2")
-    assert [f.subject for f in safe if f.level == "warn"] == ["node n2"]  # listens on 0.0.0.0
+    assert [f.subject for f in safe if f.level == "warn"] == []
+    assert [f.level for f in safe if f.subject == "node n2"] == ["info"]  # 0.0.0.0, but under TLS
     assert all("not checked" in f.message for f in by_topic(safe, "exports"))
 
     weak = auditing.audit(parse_spec({**base, "tls": False, "ssh": {"known_hosts": False}}))
