@@ -22,8 +22,8 @@ from typing import Any
 import trio
 
 from gmountpy import rpc
-from gmountpy.tls import client_context, make_cluster_credentials, server_context
 from gmountpy._trio import open_nursery
+from gmountpy.tls import client_context, make_cluster_credentials, server_context
 
 SECRET = b"b" * 32
 MIB = b"\x5a" * (1 << 20)
@@ -64,15 +64,15 @@ async def _measure(port: int, ca: str | None, seconds: float) -> dict[str, float
             deadline = time.perf_counter() + seconds
             start = time.perf_counter()
 
-            async def worker() -> None:
+            async def worker(until: float) -> None:
                 nonlocal done
-                while time.perf_counter() < deadline:
+                while time.perf_counter() < until:
                     await client.call("mib")
                     done += 1
 
             async with open_nursery() as workers:
                 for _ in range(in_flight):
-                    workers.start_soon(worker)
+                    workers.start_soon(worker, deadline)
             results[f"mib_GBps_{in_flight}_in_flight"] = done * len(MIB) / (time.perf_counter() - start) / 1e9
         await client.aclose()
         nursery.cancel_scope.cancel()

@@ -14,12 +14,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from . import state as state_store
+from ._trio import open_nursery
 from .client import call, run_sync
 from .config import ClusterSpec, NodeSpec
 from .errors import GmountError
 from .state import ClusterState
 from .tls import RENEW_WITHIN, expires, expiring
-from ._trio import open_nursery
 
 OK, INFO, WARN = "ok", "info", "warn"
 

@@ -393,8 +393,7 @@ async def _handle_connection(tcp: trio.SocketStream, dispatch: Dispatch, *, secr
             in_flight.release()
 
     async def serve_one(request: wire.Request) -> None:
-        limits.in_progress += 1
-        try:
+        try:  # counted in by the reader, before this task started: a burst cannot slip past the limit
             try:
                 result = await dispatch(session, request.op, request.args)
                 frame = wire.encode_reply(request.id, result)
@@ -430,6 +429,7 @@ async def _handle_connection(tcp: trio.SocketStream, dispatch: Dispatch, *, secr
                             limits.refused += 1
                             nursery.start_soon(refuse_busy, message)
                         else:
+                            limits.in_progress += 1
                             nursery.start_soon(serve_one, message)
             except wire.ProtocolError as exc:
                 log.warning("closing connection from %s (%s): %s", peer, address, exc)

@@ -49,7 +49,7 @@ def _name(common_name: str) -> x509.Name:
 
 
 def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc)
+    return datetime.datetime.now(datetime.UTC)
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> str:

@@ -20,10 +20,10 @@ import pytest
 import trio
 
 from gmountpy import rpc, wire
+from gmountpy._trio import open_nursery
 from gmountpy.errors import PeerUnavailable
 from gmountpy.node.export import Export
 from gmountpy.node.service import NodeService
-from gmountpy._trio import open_nursery
 
 from ._trio import trio_test
 
@@ -217,15 +217,15 @@ async def test_reordered_frames_are_refused(tmp_path: Path) -> None:
             return frame + held.pop()
         return frame
 
-    async with node_behind_relay(tmp_path, lambda relay: setattr(relay, "to_server", swap)) as (client, _):
-        async with open_nursery() as calls:
-            async def call(path: str) -> None:
-                with pytest.raises(PeerUnavailable):
-                    await client.call("mkdir", path, 0o755)
+    async def call(client: rpc.RpcClient, path: str) -> None:
+        with pytest.raises(PeerUnavailable):
+            await client.call("mkdir", path, 0o755)
 
-            calls.start_soon(call, "/one")
-            await trio.sleep(0.05)  # /one is sent (and held by the relay) before /two
-            calls.start_soon(call, "/two")
+    async with (node_behind_relay(tmp_path, lambda relay: setattr(relay, "to_server", swap)) as (client, _),
+                open_nursery() as calls):
+        calls.start_soon(call, client, "/one")
+        await trio.sleep(0.05)  # /one is sent (and held by the relay) before /two
+        calls.start_soon(call, client, "/two")
     assert os.listdir(tmp_path) == []
 
 

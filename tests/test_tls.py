@@ -60,7 +60,7 @@ def test_certificate_from_another_cluster_is_refused() -> None:
 
 def test_an_expired_certificate_is_refused_with_a_clear_message() -> None:
     ca = ClusterCA.create("c")
-    past = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=10)
+    past = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=10)
     expired = ca.issue("n1", now=past, validity=datetime.timedelta(days=2))
     with pytest.raises(PeerUnavailable, match="node 'n1' at 127.0.0.1:[0-9]+ presented an expired certificate: "
                                               "refused; run `gmount up`") as info:
@@ -77,13 +77,13 @@ def test_a_daemon_refuses_credentials_that_are_not_its_own() -> None:
     foreign = other.issue("n1")
     assert "not issued by this cluster's CA" in (certificate_problem(NodeCredentials(ca.cert, foreign.cert,
                                                                                      foreign.key), "n1") or "")
-    later = datetime.datetime.now(datetime.timezone.utc) + CA_VALIDITY + datetime.timedelta(days=1)
+    later = datetime.datetime.now(datetime.UTC) + CA_VALIDITY + datetime.timedelta(days=1)
     assert "CA certificate of this cluster expired" in (certificate_problem(good, "n1", now=later) or "")
 
 
 def test_lifetimes_and_the_renewal_window() -> None:
     ca = ClusterCA.create("c")
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     creds = ca.issue("n1")
     assert abs(expires(creds.cert) - (now + NODE_VALIDITY)) < datetime.timedelta(minutes=1)
     assert abs(expires(ca.cert) - (now + CA_VALIDITY)) < datetime.timedelta(minutes=1)

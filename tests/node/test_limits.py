@@ -14,12 +14,12 @@ import pytest
 import trio
 
 from gmountpy import rpc
-from gmountpy.config import Tuning, parse_spec, SpecError
+from gmountpy._trio import open_nursery
+from gmountpy.config import SpecError, Tuning, parse_spec
 from gmountpy.node import readahead
 from gmountpy.node.export import Export
 from gmountpy.node.readahead import BLOCK, MemoryBudget, ReadAhead
 from gmountpy.node.service import NodeService
-from gmountpy._trio import open_nursery
 
 from .._trio import trio_test
 
@@ -105,7 +105,7 @@ async def test_listing_snapshots_per_connection_and_per_node(tmp_path: Path) -> 
 @trio_test
 async def test_requests_per_connection_wait_and_per_node_get_eagain(tmp_path: Path) -> None:
     release = trio.Event()
-    async with serving(tmp_path, slow=release) as (nursery, port, service):
+    async with serving(tmp_path, slow=release) as (nursery, port, _):
         first, second = await connect(nursery, port), await connect(nursery, port)
         outcomes: list[Any] = []
 
@@ -195,3 +195,24 @@ def test_a_state_file_without_the_limits_still_loads() -> None:
     del data["nodes"]["n1"]["create_export"]
     assert ClusterSpec.from_dict(data) == spec
 
+
+
+@trio_test
+async def test_a_burst_in_one_packet_cannot_slip_past_the_node_limit(tmp_path: Path) -> None:
+    from ..test_rpc import raw_handshake
+
+    release = trio.Event()
+    tuning = replace(SMALL, requests_per_connection=10)
+    async with serving(tmp_path, tuning, slow=release) as (_, port, _):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        decoder, mac = await raw_handshake(stream, SECRET)
+        await stream.send_all(b"".join(mac.seal(rpc.wire.encode_request(i, "wait", [i])) for i in range(10)))
+        received: list[Any] = []
+        while len(received) < 4:  # the four beyond the node's six come back at once
+            received += decoder.feed(await stream.receive_some(65536))
+        assert len(received) == 4 and all(m.errno == errno.EAGAIN for m in received)
+        release.set()
+        while len(received) < 10:
+            received += decoder.feed(await stream.receive_some(65536))
+        assert sorted(m.id for m in received[4:]) == list(range(6))
+        await stream.aclose()
