@@ -222,13 +222,14 @@ class FrameDecoder:
             if length > self._max_frame:
                 raise ProtocolError(f"frame of {length} bytes exceeds the {self._max_frame}-byte limit")
             end = HEADER.size + length
-            if len(self._buffer) < end + (TAG_SIZE if self._mac is not None else 0):
+            tag = TAG_SIZE if self._mac is not None else 0
+            if len(self._buffer) < end + tag:
                 break
-            if self._mac is not None:
-                with memoryview(self._buffer) as view:
-                    self._mac.verify(view[:end], view[end:end + TAG_SIZE])
-            payload = bytes(self._buffer[HEADER.size:end])
-            del self._buffer[:end + (TAG_SIZE if self._mac is not None else 0)]
+            with memoryview(self._buffer) as view:
+                if self._mac is not None:
+                    self._mac.verify(view[:end], view[end:end + tag])
+                payload = bytes(view[HEADER.size:end])  # one copy, not two
+            del self._buffer[:end + tag]
             messages.append(decode_body(payload))
         return messages
 
