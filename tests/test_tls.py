@@ -149,7 +149,7 @@ def test_gmount_up_renews_expiring_certificates_of_a_running_cluster(tmp_path, m
     from gmountpy import state as state_store
     from gmountpy.errors import GmountError
 
-    from .conftest import fuse_problem, local_cluster, require
+    from .conftest import fuse_problem, local_cluster, require, wait_for
 
     require("FUSE", fuse_problem())
     with local_cluster(tmp_path, "renew", {"s": ["n1", "n2"]}, [], top="tls = true") as cluster:
@@ -157,8 +157,10 @@ def test_gmount_up_renews_expiring_certificates_of_a_running_cluster(tmp_path, m
         with pytest.raises(GmountError, match="already up"):
             launch.up(cluster.spec)  # nothing close to expiry: `up` on a running cluster is refused as always
         monkeypatch.setattr(tls, "RENEW_WITHIN", NODE_VALIDITY + datetime.timedelta(days=1))  # all "expiring"
-        state = launch.up(cluster.spec)
+        said: list[tuple[str, str]] = []
+        state = launch.up(cluster.spec, progress=lambda node, what: said.append((node, what)))
         assert state.nodes == cluster.state.nodes  # the same daemons, still running
+        assert sorted(said) == [("n1", "certificate renewed"), ("n2", "certificate renewed")]
         ca_after, after = state_store.load_tls("renew")
         assert ca_after == ca
         for node in ("n1", "n2"):
@@ -169,3 +171,9 @@ def test_gmount_up_renews_expiring_certificates_of_a_running_cluster(tmp_path, m
         (cluster.export("n2") / "after-renewal.txt").write_text("still talking")
         assert (cluster.mount("n1") / "after-renewal.txt").read_text() == "still talking"
         assert all(s.up for s in launch.status("renew"))
+        from gmountpy.client import call, run_sync
+
+        # the read above opened a handle on n2 and closed it (the kernel's release may come a moment later)
+        assert wait_for(lambda: run_sync(call, state, "n2", "stats")["peer_handles"] == 0)
+        stats = run_sync(call, state, "n2", "stats")
+        assert stats["requests_refused"] == 0 and stats["requests_in_progress"] == 1  # this very request

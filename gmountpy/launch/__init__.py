@@ -45,7 +45,7 @@ def up(spec: ClusterSpec, *, progress: Progress | None = None, keep_going: bool 
     """
     existing = state_store.load(spec.name)
     if existing is not None:
-        if existing.spec.tls and _renew_certificates(existing):
+        if existing.spec.tls and _renew_certificates(existing, progress):
             return existing  # it was up: its expiring certificates were renewed in place
         restarted = _restart_crashed_nodes(existing, spec, progress)
         if restarted is not None:
@@ -87,7 +87,7 @@ def _check_local_directories(spec: ClusterSpec) -> None:
         raise LaunchError(failures)
 
 
-def _renew_certificates(existing: ClusterState) -> bool:
+def _renew_certificates(existing: ClusterState, progress: Progress | None = None) -> bool:
     """Reissue node certificates with less than RENEW_WITHIN left and hand them to the running daemons.
 
     True if there were some and every daemon took its new one; False if none
@@ -113,6 +113,8 @@ def _renew_certificates(existing: ClusterState) -> bool:
         try:
             await call(existing, node, "renew_tls", renewed[node].cert, renewed[node].key)
             answers[node] = None
+            if progress is not None:
+                progress(node, "certificate renewed")
         except OSError as exc:
             answers[node] = str(exc)
 

@@ -148,7 +148,11 @@ class NodeDaemon:
             s = locator.statistics()
             return {"node": self.me, "pid": os.getpid(), "inodes": len(ops.inodes),
                     "open_files": len(ops._files), "cache_hits": s.hits, "cache_misses": s.misses,
-                    "negative_hits": s.negative_hits, "remote_queries": s.remote_queries}
+                    "negative_hits": s.negative_hits, "remote_queries": s.remote_queries,
+                    # against the [tuning] limits: what peers hold here, and what this node holds
+                    "peer_handles": service.usage.handles, "peer_listings": service.usage.listings,
+                    "requests_in_progress": request_limits.in_progress, "requests_refused": request_limits.refused,
+                    "readahead_bytes": readahead.NODE_BUDGET.used}
 
         info = {"node": self.me, "site": self.node.site, "cluster": self.spec.name, "version": __version__,
                 "mountpoint": self.node.mountpoint, "export": self.node.export}
