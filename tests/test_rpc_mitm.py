@@ -249,3 +249,24 @@ async def test_a_modified_reply_closes_the_connection_on_the_client(
         assert info.value.errno == errno.EHOSTDOWN
         assert client.closed
     assert integrity_warnings(caplog)
+
+
+@trio_test
+async def test_a_recorded_session_replayed_on_a_new_connection_is_refused(tmp_path: Path) -> None:
+    """The server's fresh nonce makes every connection's handshake and keys new: old frames are worthless."""
+    (tmp_path / "f").write_text("first")
+    async with node_behind_relay(tmp_path) as (client, relay):
+        await client.call("unlink", "/f")
+        (tmp_path / "f").write_text("second")
+        replay = await trio.open_tcp_stream("127.0.0.1", relay.server_port)
+        hello = await replay.receive_some(4096)  # the server's hello, with a nonce we cannot answer
+        assert hello
+        await replay.send_all(b"".join(relay.sent))  # the client's hello, then its sealed unlink
+        with trio.fail_after(5):  # the server refuses the handshake and closes
+            try:
+                while await replay.receive_some(4096):
+                    pass
+            except trio.BrokenResourceError:
+                pass
+        await replay.aclose()
+    assert (tmp_path / "f").read_text() == "second"
