@@ -123,7 +123,7 @@ def test_a_tls_cluster_works_end_to_end(tmp_path) -> None:  # type: ignore[no-un
         assert "BEGIN CERTIFICATE" in ca and set(nodes) == set(cluster.nodes)
         from gmountpy.launch.probe import probe
 
-        assert probe(cluster.spec, count=2).rtts  # the probe's RPCs speak TLS too
+        assert [r.problem for r in probe(cluster.spec, count=2).rtts] == [None]  # its RPCs speak TLS too
         # a client without the cluster CA cannot even start talking
         record = cluster.state.nodes["n2"]
 
