@@ -42,7 +42,7 @@ class MemoryBudget:
 
     def take(self, size: int) -> bool:
         if self.used + size > self.limit:
-            if not self.refused:
+            if not self.refused and self.limit:  # a limit of 0 switches read-ahead off: nothing to warn about
                 log.warning("read-ahead memory limit reached (%d MiB, tuning.readahead_mib): further "
                             "sequential reads go straight to the holder until blocks are freed", self.limit >> 20)
             self.refused += 1
