@@ -191,6 +191,8 @@ def write_cluster_file(base: Path, name: str) -> Path:
         lines += [f"[sites.{site}]", "nodes = [" + ", ".join(f'"{n}"' for n in nodes) + "]"]
     lines += ["[[links]]", f'sites = ["{LINK[0]}", "{LINK[1]}"]', f"rtt_ms = {LINK[2]}"]
     # no [tuning]: the library defaults are what is measured
+    for node in (n for members in SITES.values() for n in members):
+        (base / node / "export").mkdir(parents=True, exist_ok=True)
     path = base / "cluster.toml"
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -23,8 +23,10 @@ _PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
 _PLACEHOLDERS = ("node", "site", "cluster")
 LAUNCHERS = ("local", "ssh")
 
-_TOP_KEYS = ("name", "launcher", "intra_site_rtt_ms", "tls", "allow_other", "defaults", "nodes", "sites", "links", "tuning", "ssh")
-_NODE_KEYS = ("export", "mountpoint", "listen", "port", "host", "ssh_port", "python", "slots", "netns")
+_TOP_KEYS = ("name", "launcher", "intra_site_rtt_ms", "tls", "allow_other", "create_export", "defaults", "nodes",
+             "sites", "links", "tuning", "ssh")
+_NODE_KEYS = ("export", "mountpoint", "listen", "port", "host", "ssh_port", "python", "slots", "netns",
+              "create_export")
 _SITE_KEYS = ("nodes",)
 _LINK_KEYS = ("sites", "rtt_ms")
 _SSH_KEYS = ("known_hosts", "identity", "config", "concurrency", "connect_timeout")
@@ -49,6 +51,7 @@ class NodeSpec:
     python: str = "python3"
     slots: int = 2
     netns: str | None = None  # local launcher: start the daemon in /run/netns/<netns> (emulated WAN sites)
+    create_export: bool = False  # make a missing export directory instead of refusing to start
 
 
 @dataclass(frozen=True)
@@ -61,13 +64,25 @@ class Link:
 
 @dataclass(frozen=True)
 class Tuning:
-    """Cache lifetimes and timeouts, shared by every node so they behave alike."""
+    """Cache lifetimes, timeouts and limits, shared by every node so they behave alike.
+
+    The limits keep one peer (or many connections) from exhausting a daemon:
+    beyond them a request fails with EMFILE or EAGAIN naming the limit, and
+    read-ahead falls back to plain reads.
+    """
 
     attr_ttl: float = 1.0
     negative_ttl: float = 1.0
     rpc_timeout: float = 5.0
     connect_timeout: float = 3.0
     ready_timeout: float = 20.0
+    requests_per_connection: int = 64    # served at once; beyond it that connection waits (back-pressure)
+    requests_per_node: int = 1024        # served at once over all connections; beyond it EAGAIN
+    handles_per_connection: int = 1024   # files a peer holds open here; beyond it EMFILE
+    handles_per_node: int = 8192
+    listings_per_connection: int = 64    # directory snapshots being paged through; beyond it EMFILE
+    listings_per_node: int = 512
+    readahead_mib: int = 256             # read-ahead blocks held by the node's mount
 
 
 @dataclass(frozen=True)
@@ -113,6 +128,11 @@ class SshOptions:
 
 # Tuning keys that may be 0 (a TTL of 0 disables caching); the rest must be > 0.
 _ZERO_OK_TUNING = ("attr_ttl", "negative_ttl")
+# Tuning keys that count things (integers >= 1); the rest are seconds.
+_INTEGER_TUNING = ("requests_per_connection", "requests_per_node", "handles_per_connection", "handles_per_node",
+                   "listings_per_connection", "listings_per_node")
+_INTEGER_TUNING_ZERO_OK = ("readahead_mib",)  # 0: no read-ahead
+_LIMIT_TUNING = _INTEGER_TUNING + _INTEGER_TUNING_ZERO_OK
 
 
 @dataclass(frozen=True)
@@ -166,7 +186,7 @@ class ClusterSpec:
         nodes: dict[str, NodeSpec] = {}
         for name, raw in _expect_table(data["nodes"], "nodes").items():
             raw = _expect_table(raw, f"nodes.{name}")
-            raw = {"netns": None, **raw}  # state files written before netns existed
+            raw = {"netns": None, "create_export": False, **raw}  # absent from state files written before them
             _check_keys(raw, tuple(f.name for f in fields(NodeSpec)), f"nodes.{name}", required=True)
             for key in _NODE_KEYS:
                 if key in ("host", "netns") and raw[key] is None:
@@ -182,7 +202,10 @@ class ClusterSpec:
             _check_keys(raw, _LINK_KEYS, f"links[{i}]", required=True)
             links.append(_parse_link_values(raw, i))
         tuning_raw = _expect_table(data["tuning"], "tuning")
-        _check_keys(tuning_raw, tuple(f.name for f in fields(Tuning)), "tuning", required=True)
+        # Limits may be absent from state files written before they existed: their defaults apply.
+        _check_keys(tuning_raw, tuple(f.name for f in fields(Tuning)), "tuning")
+        _check_keys({k: v for k, v in tuning_raw.items() if k not in _LIMIT_TUNING},
+                    tuple(f.name for f in fields(Tuning) if f.name not in _LIMIT_TUNING), "tuning", required=True)
         source = data["source"]
         if source is not None and not isinstance(source, str):
             raise SpecError(f"source: must be a string or None, got {source!r}")
@@ -245,8 +268,11 @@ def _parse(data: dict[str, Any], base_dir: str, source: str | None) -> ClusterSp
     name = _check_name(data["name"], "name")
     launcher = _check_launcher(data.get("launcher", "local"))
     intra = _number(data.get("intra_site_rtt_ms", 0.15), "intra_site_rtt_ms", zero_ok=False)
-    tls = _boolean(data.get("tls", False), "tls")
+    # Between hosts (ssh) peer traffic is encrypted unless the file says otherwise; on one machine
+    # (local) every connection stays on loopback and is authenticated frame by frame anyway.
+    tls = _boolean(data.get("tls", launcher == "ssh"), "tls")
     allow_other = _boolean(data.get("allow_other", False), "allow_other")
+    create_export = _boolean(data.get("create_export", False), "create_export")
 
     sites = _parse_sites(data)
     site_of = {node: site for site, names in sites.items() for node in names}
@@ -282,7 +308,8 @@ def _parse(data: dict[str, Any], base_dir: str, source: str | None) -> ClusterSp
     nodes: dict[str, NodeSpec] = {}
     for site, names in sites.items():
         for node_name in names:
-            nodes[node_name] = _build_node(node_name, site, name, defaults, overrides.get(node_name, {}), base_dir)
+            nodes[node_name] = _build_node(node_name, site, name, {"create_export": create_export, **defaults},
+                                           overrides.get(node_name, {}), base_dir)
 
     return ClusterSpec(
         name=name,
@@ -331,7 +358,12 @@ def _parse_link_values(raw: dict[str, Any], i: int) -> Link:
 
 
 def _parse_tuning(raw: dict[str, Any]) -> Tuning:
-    values = {key: _number(value, f"tuning.{key}", zero_ok=key in _ZERO_OK_TUNING) for key, value in raw.items()}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in _INTEGER_TUNING or key in _INTEGER_TUNING_ZERO_OK:
+            values[key] = _integer(value, f"tuning.{key}", 0 if key in _INTEGER_TUNING_ZERO_OK else 1, None)
+        else:
+            values[key] = _number(value, f"tuning.{key}", zero_ok=key in _ZERO_OK_TUNING)
     return Tuning(**values)
 
 
@@ -560,6 +592,8 @@ def _check_node_value(key: str, value: Any, where: str) -> None:
         _integer(value, name, 1, 65535)
     elif key == "slots":
         _integer(value, name, 1, None)
+    elif key == "create_export":
+        _boolean(value, name)
 
 
 def _integer(value: Any, name: str, low: int, high: int | None) -> int:

@@ -4,11 +4,16 @@ One connection carries many requests in flight; replies are matched by id.
 Before any request, both ends prove knowledge of the cluster secret with
 HMAC-SHA256 over fresh nonces (the secret never crosses the wire):
 
-    server -> client   hello {proto, v, node, nonce: Ns}
+    server -> client   hello {proto, v, node, nonce: Ns, frames}
     client -> server   hello {node, nonce: Nc, mac: HMAC(k, "client" Ns Nc)}
     server -> client   hello {mac: HMAC(k, "server" Nc Ns)}
 
 A connection that fails the handshake is closed without serving anything.
+After it, the connection stays authenticated for its whole life: under TLS
+by TLS itself (`frames: "tls"`), otherwise by a MAC on every frame with a
+sequence number per direction (`frames: "chacha20-poly1305"`, see wire.FrameMac),
+keyed from the secret and both nonces. A frame that fails its check closes
+the connection before anything in it is executed.
 """
 
 from __future__ import annotations
@@ -37,6 +42,11 @@ RECEIVE_CHUNK = 1 << 18
 #: Requests served at once per connection; beyond it the reader stops reading
 #: (TCP back-pressure) instead of queueing without bound.
 MAX_IN_FLIGHT = 64
+#: Requests served at once by one node over all its connections; beyond it a
+#: request is answered EAGAIN at once (see RequestLimits).
+MAX_IN_FLIGHT_PER_NODE = 1024
+FRAMES_MAC = "chacha20-poly1305"
+FRAMES_TLS = "tls"
 
 
 def _mac(secret: bytes, role: bytes, first: bytes, second: bytes) -> bytes:
@@ -62,10 +72,12 @@ async def _receive_message(stream: trio.abc.Stream, decoder: wire.FrameDecoder) 
 class RpcClient:
     """One authenticated connection to a peer; `call` may be used concurrently."""
 
-    def __init__(self, stream: trio.abc.Stream, peer: str, decoder: wire.FrameDecoder) -> None:
+    def __init__(self, stream: trio.abc.Stream, peer: str, decoder: wire.FrameDecoder,
+                 send_mac: wire.FrameMac | None = None) -> None:
         self.peer = peer
         self._stream = stream
         self._decoder = decoder
+        self._send_mac = send_mac
         self._send_lock = trio.Lock()
         self._next_id = 1
         self._pending: dict[int, _Pending] = {}
@@ -110,6 +122,8 @@ class RpcClient:
         frame on the wire; the peer would read the next request as the rest of
         it -- and might execute a corrupted request. So the connection closes.
         """
+        if self._send_mac is not None:
+            frame = self._send_mac.seal(frame)  # under the send lock: numbers follow the wire order
         try:
             await self._stream.send_all(frame)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
@@ -208,6 +222,16 @@ async def connect(
             if not isinstance(answer, wire.Hello) or not hmac.compare_digest(
                     answer.fields.get("mac", b"") if isinstance(answer.fields.get("mac"), bytes) else b"", expected):
                 raise AuthenticationFailed(f"node {peer!r} at {host}:{port} does not know the cluster secret")
+            frames = FRAMES_TLS if ssl_context is not None else FRAMES_MAC
+            if hello.fields.get("frames") != frames:
+                raise wire.ProtocolError(f"peer does not protect frames with {frames} "
+                                         f"(it offers {hello.fields.get('frames')!r}): "
+                                         "is it an older gmount, or a cluster with another tls setting?")
+            send_mac = None
+            if ssl_context is None:
+                to_server, to_client = wire.frame_keys(secret, server_nonce, client_nonce, name)
+                send_mac = wire.FrameMac(to_server)
+                decoder.authenticate(wire.FrameMac(to_client))
     except trio.TooSlowError:
         if stream is not None:
             await stream.aclose()
@@ -217,10 +241,36 @@ async def connect(
             await stream.aclose()
         if isinstance(exc, AuthenticationFailed):
             raise PeerUnavailable(peer, str(exc), errno.EACCES) from None
+        certificate = _certificate_problem(exc, peer, host, port)
+        if certificate is not None:
+            raise PeerUnavailable(peer, certificate, errno.EACCES) from None
         raise PeerUnavailable(peer, f"cannot connect to {host}:{port}: {exc}") from None
-    client = RpcClient(stream, peer, decoder)
+    client = RpcClient(stream, peer, decoder, send_mac)
     nursery.start_soon(client.receive_loop)
     return client
+
+
+def _certificate_problem(exc: BaseException, peer: str, host: str, port: int) -> str | None:
+    """A refused TLS certificate, said plainly: expired, foreign, or made for another node."""
+    error = exc
+    if isinstance(exc, trio.BrokenResourceError) and isinstance(exc.__cause__, ssl.SSLCertVerificationError):
+        error = exc.__cause__
+    if not isinstance(error, ssl.SSLCertVerificationError):
+        return None
+    where = f"{host}:{port}"
+    code = getattr(error, "verify_code", None)
+    if code == 10:  # X509_V_ERR_CERT_HAS_EXPIRED
+        return (f"node {peer!r} at {where} presented an expired certificate: refused; "
+                "run `gmount up` again for this cluster to renew its certificates")
+    if code == 9:  # X509_V_ERR_CERT_NOT_YET_VALID
+        return f"node {peer!r} at {where} presented a certificate that is not valid yet (clock skew?): refused"
+    if code in (2, 18, 19, 20, 21):  # unknown issuer, self-signed, not signed by our CA
+        return (f"node {peer!r} at {where} presented a certificate not issued by this cluster's CA "
+                "(a foreign certificate: another cluster or another program at that address?): refused")
+    if code == 62:  # X509_V_ERR_HOSTNAME_MISMATCH
+        return (f"node {peer!r} at {where} presented a certificate of this cluster made for another node: "
+                "refused (is the peer table out of date?)")
+    return f"node {peer!r} at {where} presented a certificate that was refused: {error.verify_message}"
 
 
 # ---------------------------------------------------------------- server side
@@ -246,10 +296,32 @@ class Session:
 Dispatch = Callable[[Session, str, list[Any]], Awaitable[Any]]
 
 
-async def _authenticate(stream: trio.abc.Stream, secret: bytes, name: str) -> tuple[str, wire.FrameDecoder]:
+class RequestLimits:
+    """How many requests a server runs at once, per connection and over all its connections.
+
+    Per connection the reader stops reading at the limit (back-pressure on
+    that peer only); over the whole node a request beyond the limit is
+    answered EAGAIN at once, so many connections cannot pile up work either.
+    One instance is shared by every connection of a server.
+    """
+
+    def __init__(self, per_connection: int = MAX_IN_FLIGHT, per_node: int = MAX_IN_FLIGHT_PER_NODE,
+                 node: str = "this node") -> None:
+        if per_connection < 1 or per_node < 1:
+            raise ValueError("request limits must be at least 1")
+        self.per_connection = per_connection
+        self.per_node = per_node
+        self.node = node
+        self.in_progress = 0
+        self.refused = 0
+
+
+async def _authenticate(stream: trio.abc.Stream, secret: bytes, name: str,
+                        tls: bool) -> tuple[str, wire.FrameDecoder, wire.FrameMac | None]:
     decoder = wire.FrameDecoder()
     server_nonce = os.urandom(32)
-    await stream.send_all(wire.encode_hello({"proto": PROTO, "v": wire.VERSION, "node": name, "nonce": server_nonce}))
+    await stream.send_all(wire.encode_hello({"proto": PROTO, "v": wire.VERSION, "node": name, "nonce": server_nonce,
+                                             "frames": FRAMES_TLS if tls else FRAMES_MAC}))
     hello = await _receive_message(stream, decoder)
     if not isinstance(hello, wire.Hello):
         raise AuthenticationFailed("first message was not a hello")
@@ -261,17 +333,22 @@ async def _authenticate(stream: trio.abc.Stream, secret: bytes, name: str) -> tu
         await stream.send_all(wire.encode_error(0, errno.EACCES, "authentication failed"))
         raise AuthenticationFailed(f"peer calling itself {peer!r} does not know the cluster secret")
     await stream.send_all(wire.encode_hello({"mac": _mac(secret, b"server", client_nonce, server_nonce)}))
-    return peer, decoder
+    if tls:
+        return peer, decoder, None
+    to_server, to_client = wire.frame_keys(secret, server_nonce, client_nonce, peer)
+    decoder.authenticate(wire.FrameMac(to_server))
+    return peer, decoder, wire.FrameMac(to_client)
 
 
 async def handle_connection(stream: trio.SocketStream, dispatch: Dispatch, *, secret: bytes, name: str,
-                            ssl_context: ssl.SSLContext | None = None) -> None:
+                            ssl_context: ssl.SSLContext | None = None, limits: RequestLimits | None = None) -> None:
     """Serve one connection: authenticate, then run each request in its own task.
 
     Nothing that happens on one connection may take the daemon down.
     """
     try:
-        await _handle_connection(stream, dispatch, secret=secret, name=name, ssl_context=ssl_context)
+        await _handle_connection(stream, dispatch, secret=secret, name=name, ssl_context=ssl_context,
+                                 limits=limits or RequestLimits(node=name))
     except Exception:
         log.exception("connection handler failed; connection closed")
         with trio.CancelScope(shield=True):
@@ -279,7 +356,7 @@ async def handle_connection(stream: trio.SocketStream, dispatch: Dispatch, *, se
 
 
 async def _handle_connection(tcp: trio.SocketStream, dispatch: Dispatch, *, secret: bytes, name: str,
-                             ssl_context: ssl.SSLContext | None) -> None:
+                             ssl_context: ssl.SSLContext | None, limits: RequestLimits) -> None:
     address = _remote_address(tcp)
     stream: trio.abc.Stream = tcp
     try:
@@ -287,7 +364,7 @@ async def _handle_connection(tcp: trio.SocketStream, dispatch: Dispatch, *, secr
             if ssl_context is not None:
                 stream = trio.SSLStream(tcp, ssl_context, server_side=True, https_compatible=False)
                 await stream.do_handshake()
-            peer, decoder = await _authenticate(stream, secret, name)
+            peer, decoder, send_mac = await _authenticate(stream, secret, name, ssl_context is not None)
     except (trio.TooSlowError, wire.ProtocolError, AuthenticationFailed,
             trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
         log.warning("refused connection from %s: %s", address, exc or type(exc).__name__)
@@ -296,14 +373,27 @@ async def _handle_connection(tcp: trio.SocketStream, dispatch: Dispatch, *, secr
 
     session = Session(peer)
     send_lock = trio.Lock()
-    in_flight = trio.Semaphore(MAX_IN_FLIGHT)
+    in_flight = trio.Semaphore(limits.per_connection)
 
     async def send(frame: bytes) -> None:
         async with send_lock:
+            if send_mac is not None:
+                frame = send_mac.seal(frame)  # under the lock: numbers follow the wire order
             await stream.send_all(frame)
 
-    async def serve_one(request: wire.Request) -> None:
+    async def refuse_busy(request: wire.Request) -> None:
         try:
+            await send(wire.encode_error(
+                request.id, errno.EAGAIN,
+                f"node {limits.node} is busy: {limits.in_progress} requests in progress, the limit of "
+                f"tuning.requests_per_node ({limits.per_node}); retry later"))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            in_flight.release()
+
+    async def serve_one(request: wire.Request) -> None:
+        try:  # counted in by the reader, before this task started: a burst cannot slip past the limit
             try:
                 result = await dispatch(session, request.op, request.args)
                 frame = wire.encode_reply(request.id, result)
@@ -318,6 +408,7 @@ async def _handle_connection(tcp: trio.SocketStream, dispatch: Dispatch, *, secr
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
+            limits.in_progress -= 1
             in_flight.release()
 
     try:
@@ -331,7 +422,15 @@ async def _handle_connection(tcp: trio.SocketStream, dispatch: Dispatch, *, secr
                         if not isinstance(message, wire.Request):
                             raise wire.ProtocolError(f"unexpected {type(message).__name__} from client")
                         await in_flight.acquire()
-                        nursery.start_soon(serve_one, message)
+                        if limits.in_progress >= limits.per_node:
+                            if not limits.refused:
+                                log.warning("node %s is at tuning.requests_per_node (%d): refusing requests "
+                                            "with EAGAIN", limits.node, limits.per_node)
+                            limits.refused += 1
+                            nursery.start_soon(refuse_busy, message)
+                        else:
+                            limits.in_progress += 1
+                            nursery.start_soon(serve_one, message)
             except wire.ProtocolError as exc:
                 log.warning("closing connection from %s (%s): %s", peer, address, exc)
                 with trio.move_on_after(1):
@@ -361,11 +460,14 @@ async def serve(
     secret: bytes,
     name: str,
     ssl_context: ssl.SSLContext | None = None,
+    limits: RequestLimits | None = None,
     task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen on host:port (only there) and serve connections forever."""
+    shared = limits or RequestLimits(node=name)
 
     async def handler(stream: trio.SocketStream) -> None:
-        await handle_connection(stream, dispatch, secret=secret, name=name, ssl_context=ssl_context)
+        await handle_connection(stream, dispatch, secret=secret, name=name, ssl_context=ssl_context,
+                                limits=shared)
 
     await trio.serve_tcp(handler, port, host=host, task_status=task_status)

@@ -109,9 +109,25 @@ def load_secret(name: str) -> bytes:
         raise GmountError(f"no secret for cluster {name!r} at {path}: was it started by this user?") from None
 
 
-def save_tls(name: str, ca_pem: str, nodes: dict[str, dict[str, str]]) -> None:
-    """The cluster CA (public) and each node's key and certificate (private: reused when a node restarts)."""
-    _write_private(os.path.join(state_dir(), name + ".tls.json"), json.dumps({"ca": ca_pem, "nodes": nodes}).encode())
+def save_tls(name: str, ca_pem: str, nodes: dict[str, dict[str, str]], ca_key: str | None = None) -> None:
+    """The cluster CA (public) and each node's key and certificate (private: reused when a node restarts).
+
+    With `ca_key` the CA's key is kept too, so `gmount up` can reissue expiring node certificates.
+    """
+    data: dict[str, Any] = {"ca": ca_pem, "nodes": nodes}
+    if ca_key is not None:
+        data["ca_key"] = ca_key
+    _write_private(os.path.join(state_dir(), name + ".tls.json"), json.dumps(data).encode())
+
+
+def load_tls_ca_key(name: str) -> str | None:
+    """The CA key kept by save_tls, or None (a cluster started before keys were kept)."""
+    try:
+        with open(os.path.join(state_dir(), name + ".tls.json")) as f:
+            key = json.load(f).get("ca_key")
+        return key if isinstance(key, str) else None
+    except (FileNotFoundError, ValueError, AttributeError):
+        return None
 
 
 def load_tls(name: str) -> tuple[str, dict[str, dict[str, str]]]:

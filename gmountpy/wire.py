@@ -8,17 +8,31 @@ A frame is a 5-byte header -- protocol version (1 byte) and body length
     error     [2, id, errno, message]
     hello     [3, fields]                 handshake, before any request
 
+After the handshake of a connection without TLS, every frame is followed
+by a 16-byte tag: the Poly1305 tag of ChaCha20-Poly1305 with the frame
+(header + body) as associated data, an empty plaintext and the frame's
+sequence number as nonce. Each direction has its own key (derived with
+HMAC-SHA256 from the cluster secret and the handshake's nonces) and counts
+its frames from 0, so a frame that was modified, injected, replayed or
+reordered on the way fails its check (FrameMac). Poly1305 rather than
+HMAC-SHA256 per frame: sealing and checking 1 MiB costs about 0.45 ms of
+CPU instead of 1.5 ms (measured here); a small frame about 3 us either way.
+
 Keeping the codec free of I/O lets it be tested (and fuzzed) without a
 daemon, and keeps the RPC layer a thin loop around it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import struct
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 VERSION = 1
 HEADER = struct.Struct(">BI")
@@ -26,6 +40,8 @@ HEADER = struct.Struct(">BI")
 MAX_FRAME = 16 * 1024 * 1024
 
 REQUEST, REPLY, ERROR, HELLO = 0, 1, 2, 3
+#: Bytes of the per-frame tag (Poly1305).
+TAG_SIZE = 16
 
 #: File names on Linux are bytes; Python shows the non-UTF-8 ones as lone
 #: surrogates (os.fsdecode). Carrying them the same way keeps such files
@@ -35,6 +51,54 @@ _UNICODE_ERRORS = "surrogateescape"
 
 class ProtocolError(Exception):
     """The peer sent something that is not a valid frame; the connection must close."""
+
+
+class IntegrityError(ProtocolError):
+    """A frame failed its MAC: modified, injected, replayed or reordered on the way."""
+
+
+class FrameMac:
+    """One direction of a connection: tags frames in order, with its own key and counter.
+
+    The sequence number is not sent: both ends count, so a frame out of
+    place has the wrong number inside its tag.
+    """
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) != 32:
+            raise ValueError("`key` must be 32 bytes")
+        self._aead = ChaCha20Poly1305(key)
+        self.sequence = 0
+
+    def _nonce(self) -> bytes:
+        return self.sequence.to_bytes(12, "big")  # never reused: one key per direction and connection
+
+    def seal(self, frame: bytes) -> bytes:
+        """The frame followed by its tag; the next frame gets the next number."""
+        tag = self._aead.encrypt(self._nonce(), b"", frame)
+        self.sequence += 1
+        return frame + tag
+
+    def verify(self, frame: bytes | memoryview, tag: bytes | memoryview) -> None:
+        try:
+            self._aead.decrypt(self._nonce(), bytes(tag), frame)
+        except InvalidTag:
+            raise IntegrityError(f"frame {self.sequence} failed its integrity check "
+                                 "(modified, injected, replayed or reordered on the way)") from None
+        self.sequence += 1
+
+
+def frame_keys(secret: bytes, server_nonce: bytes, client_nonce: bytes, client: str) -> tuple[bytes, bytes]:
+    """(client->server, server->client) MAC keys of one connection.
+
+    Fresh nonces from both ends make them unique to the connection, and the
+    client's claimed name is bound in, so a hello altered on the way yields
+    keys that fail on the first frame.
+    """
+    base = hmac.new(secret, b"gmount frame keys\0" + server_nonce + client_nonce + client.encode(),
+                    hashlib.sha256).digest()
+    return (hmac.new(base, b"client->server", hashlib.sha256).digest(),
+            hmac.new(base, b"server->client", hashlib.sha256).digest())
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,12 +200,18 @@ class FrameDecoder:
     """Accumulates received bytes and yields complete messages.
 
     Checks the version and the size in the header before buffering the body,
-    so an oversized frame is refused without reading it.
+    so an oversized frame is refused without reading it. Once `authenticate`
+    is called, every later frame must carry a valid tag (see FrameMac).
     """
 
     def __init__(self, max_frame: int = MAX_FRAME) -> None:
         self._buffer = bytearray()
         self._max_frame = max_frame
+        self._mac: FrameMac | None = None
+
+    def authenticate(self, mac: FrameMac) -> None:
+        """From the next frame on, check each frame's tag with `mac`."""
+        self._mac = mac
 
     def feed(self, data: bytes) -> list[Message]:
         self._buffer += data
@@ -153,10 +223,14 @@ class FrameDecoder:
             if length > self._max_frame:
                 raise ProtocolError(f"frame of {length} bytes exceeds the {self._max_frame}-byte limit")
             end = HEADER.size + length
-            if len(self._buffer) < end:
+            tag = TAG_SIZE if self._mac is not None else 0
+            if len(self._buffer) < end + tag:
                 break
-            payload = bytes(self._buffer[HEADER.size:end])
-            del self._buffer[:end]
+            with memoryview(self._buffer) as view:
+                if self._mac is not None:
+                    self._mac.verify(view[:end], view[end:end + tag])
+                payload = bytes(view[HEADER.size:end])  # one copy, not two
+            del self._buffer[:end + tag]
             messages.append(decode_body(payload))
         return messages
 

@@ -86,6 +86,8 @@ def write_cluster_file(base: Path, name: str, sites: dict[str, list[str]],
         lines += ["[[links]]", f'sites = ["{a}", "{b}"]', f"rtt_ms = {rtt}"]
     if tuning:
         lines += ["[tuning]", textwrap.dedent(tuning).strip()]
+    for node in (n for members in sites.values() for n in members):
+        (base / node / "export").mkdir(parents=True, exist_ok=True)  # `gmount up` refuses a missing export
     path = base / "cluster.toml"
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -100,17 +100,23 @@ async def connect(nursery: trio.Nursery, port: int, *, secret: bytes = SECRET, t
     return await rpc.connect(nursery, "127.0.0.1", port, secret=secret, name="cli", peer="srv", timeout=timeout)
 
 
-async def raw_handshake(stream: trio.SocketStream, secret: bytes = SECRET) -> wire.FrameDecoder:
-    """The client half of the handshake, by hand, so a test can misbehave after it."""
+async def raw_handshake(stream: trio.SocketStream, secret: bytes = SECRET) -> tuple[wire.FrameDecoder, wire.FrameMac]:
+    """The client half of the handshake, by hand, so a test can misbehave after it.
+
+    Returns the decoder (checking the server's frame MACs) and the MAC to seal our own frames with.
+    """
     decoder = wire.FrameDecoder()
     hello = await rpc._receive_message(stream, decoder)
     assert isinstance(hello, wire.Hello) and hello.fields["proto"] == rpc.PROTO
+    assert hello.fields["frames"] == rpc.FRAMES_MAC
     nonce = os.urandom(32)
     await stream.send_all(wire.encode_hello({
         "node": "raw", "nonce": nonce, "mac": rpc._mac(secret, b"client", hello.fields["nonce"], nonce)}))
     answer = await rpc._receive_message(stream, decoder)
     assert isinstance(answer, wire.Hello)
-    return decoder
+    to_server, to_client = wire.frame_keys(secret, hello.fields["nonce"], nonce, "raw")
+    decoder.authenticate(wire.FrameMac(to_client))
+    return decoder, wire.FrameMac(to_server)
 
 
 async def read_until_closed(stream: trio.SocketStream, decoder: wire.FrameDecoder | None = None) -> list[wire.Message]:
@@ -346,13 +352,35 @@ async def test_junk_after_the_handshake_gets_a_protocol_error_and_a_close(junk: 
     backend = Backend()
     async with serving(backend) as (nursery, server):
         stream = await trio.open_tcp_stream("127.0.0.1", server.port)
-        decoder = await raw_handshake(stream)
-        await stream.send_all(junk)
+        decoder, _ = await raw_handshake(stream)
+        await stream.send_all(junk + b"\0" * wire.TAG_SIZE)  # a made-up tag: the key is not ours
         with trio.fail_after(2):
             received = await read_until_closed(stream, decoder)
         await stream.aclose()
         assert len(received) == 1 and isinstance(received[0], wire.ErrorReply)
         assert received[0].errno == errno.EPROTO
+        await still_serves(nursery, server.port)
+        assert backend.calls == ["echo"]
+
+
+@pytest.mark.parametrize("junk", [
+    wire.HEADER.pack(wire.VERSION, 2) + b"\x92\xc1",        # undecodable body
+    wire.encode_hello({"again": True}),                     # a second hello
+    wire.encode_reply(1, "a client does not send replies"),
+])
+@trio_test
+async def test_authenticated_junk_after_the_handshake_is_refused_too(junk: bytes) -> None:
+    """A peer that knows the secret but misbehaves gets the same treatment as a stranger."""
+    backend = Backend()
+    async with serving(backend) as (nursery, server):
+        stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+        decoder, mac = await raw_handshake(stream)
+        await stream.send_all(mac.seal(junk))
+        with trio.fail_after(2):
+            received = await read_until_closed(stream, decoder)
+        await stream.aclose()
+        assert len(received) == 1 and isinstance(received[0], wire.ErrorReply)
+        assert received[0].errno == errno.EPROTO and "integrity" not in received[0].message
         await still_serves(nursery, server.port)
         assert backend.calls == ["echo"]
 
@@ -376,8 +404,9 @@ async def test_requests_after_a_good_handshake_are_served_raw() -> None:
     backend = Backend()
     async with serving(backend) as (_, server):
         stream = await trio.open_tcp_stream("127.0.0.1", server.port)
-        decoder = await raw_handshake(stream)
-        await stream.send_all(wire.encode_request(41, "echo", ["raw"]) + wire.encode_request(42, "peer", []))
+        decoder, mac = await raw_handshake(stream)
+        await stream.send_all(mac.seal(wire.encode_request(41, "echo", ["raw"]))
+                              + mac.seal(wire.encode_request(42, "peer", [])))
         received: list[wire.Message] = []
         while len(received) < 2:
             received += decoder.feed(await stream.receive_some(65536))
@@ -466,7 +495,7 @@ async def test_a_send_cut_short_by_a_timeout_never_corrupts_the_next_request() -
     done = trio.Event()
 
     async def stalled_server(stream: trio.SocketStream) -> None:
-        _, decoder = await rpc._authenticate(stream, SECRET, "srv")
+        _, decoder, _ = await rpc._authenticate(stream, SECRET, "srv", False)
         await may_read.wait()  # not reading: the client's send blocks once the buffers fill
         data = bytearray()
         try:
@@ -479,8 +508,9 @@ async def test_a_send_cut_short_by_a_timeout_never_corrupts_the_next_request() -
         try:
             while offset + wire.HEADER.size <= len(data):
                 _, length = wire.HEADER.unpack_from(data, offset)
-                received.extend(decoder.feed(bytes(data[offset:offset + wire.HEADER.size + length])))
-                offset += wire.HEADER.size + length
+                end = offset + wire.HEADER.size + length + wire.TAG_SIZE
+                received.extend(decoder.feed(bytes(data[offset:end])))
+                offset = end
         except wire.ProtocolError:
             pass
         done.set()

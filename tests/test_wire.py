@@ -260,3 +260,68 @@ def test_fuzz_well_formed_msgpack_of_the_wrong_shape(body: list[Any]) -> None:
         return
     # Whatever was accepted re-encodes to the same message.
     assert decode_all(wire.encode(message)) == [message]
+
+
+# ---------------------------------------------------------------- per-frame MAC
+
+
+KEYS = wire.frame_keys(b"s" * 32, b"n" * 32, b"c" * 32, "n1")
+
+
+def sealed_stream(batch: list[wire.Message]) -> bytes:
+    mac = wire.FrameMac(KEYS[0])
+    return b"".join(mac.seal(wire.encode(m)) for m in batch)
+
+
+def mac_decoder() -> FrameDecoder:
+    decoder = FrameDecoder()
+    decoder.authenticate(wire.FrameMac(KEYS[0]))
+    return decoder
+
+
+@no_deadline
+@given(st.lists(messages, min_size=1, max_size=6), st.data())
+def test_sealed_frames_round_trip_in_any_chunking(batch: list[wire.Message], data: st.DataObject) -> None:
+    stream = sealed_stream(batch)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=6)))
+    decoder, got = mac_decoder(), []
+    for a, b in zip([0, *cuts], [*cuts, len(stream)]):
+        got += decoder.feed(stream[a:b])
+    assert got == batch and decoder.pending == 0
+
+
+@no_deadline
+@given(st.lists(messages, min_size=1, max_size=4), st.data())
+def test_any_flipped_bit_is_refused(batch: list[wire.Message], data: st.DataObject) -> None:
+    stream = bytearray(sealed_stream(batch))
+    position = data.draw(st.integers(wire.HEADER.size, len(stream) - 1))  # header flips are caught earlier
+    stream[position] ^= 1 << data.draw(st.integers(0, 7))
+    with pytest.raises(ProtocolError):
+        mac_decoder().feed(bytes(stream))
+
+
+def test_replayed_reordered_and_foreign_frames_are_refused() -> None:
+    mac = wire.FrameMac(KEYS[0])
+    first, second = mac.seal(wire.encode_request(1, "unlink", ["/f"])), mac.seal(wire.encode_request(2, "x", []))
+    decoder = mac_decoder()
+    assert decoder.feed(first) == [Request(1, "unlink", ["/f"])]
+    with pytest.raises(wire.IntegrityError, match="frame 1 failed its integrity check"):
+        decoder.feed(first)  # replayed
+    with pytest.raises(wire.IntegrityError):
+        mac_decoder().feed(second + first)  # reordered
+    other_direction = wire.FrameMac(KEYS[1]).seal(wire.encode_request(1, "unlink", ["/f"]))
+    with pytest.raises(wire.IntegrityError):
+        mac_decoder().feed(other_direction)  # reflected back from the other direction
+    other_connection = wire.frame_keys(b"s" * 32, b"N" * 32, b"c" * 32, "n1")[0]
+    with pytest.raises(wire.IntegrityError):
+        mac_decoder().feed(wire.FrameMac(other_connection).seal(wire.encode_request(1, "unlink", ["/f"])))
+
+
+def test_frame_keys_depend_on_everything_in_the_handshake() -> None:
+    base = wire.frame_keys(b"s" * 32, b"n" * 32, b"c" * 32, "n1")
+    assert base[0] != base[1]
+    for changed in (wire.frame_keys(b"S" * 32, b"n" * 32, b"c" * 32, "n1"),
+                    wire.frame_keys(b"s" * 32, b"m" * 32, b"c" * 32, "n1"),
+                    wire.frame_keys(b"s" * 32, b"n" * 32, b"d" * 32, "n1"),
+                    wire.frame_keys(b"s" * 32, b"n" * 32, b"c" * 32, "n2")):
+        assert not set(changed) & set(base)

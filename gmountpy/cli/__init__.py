@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     **{name: name for name in ("up", "down", "status", "where", "probe", "ls", "stage", "place", "run", "demo")},
     "snakemake-profile": "snakemake_profile",
     "slurm-extra": "slurm_extra",
+    "audit": "audit",
 }
 
 

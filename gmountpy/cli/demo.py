@@ -52,6 +52,7 @@ def write_demo(base: str) -> str:
     with open(cluster_file, "w") as f:
         f.write(DEMO_TOML.format(base=base))
     for node, files in SAMPLE_DATA.items():
+        os.makedirs(os.path.join(base, node, "export"), exist_ok=True)  # gmount up refuses a missing export
         for rel, text in files:
             path = os.path.join(base, node, "export", rel)
             if not os.path.exists(path):

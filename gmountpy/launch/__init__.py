@@ -21,8 +21,9 @@ from ..errors import GmountError
 from .. import state as state_store
 from .local import spawn_local, stop_local
 from .orchestrate import LaunchError, Progress, pid_is_daemon, start_cluster
+from ..node.directories import directory_problems
 from ..state import ClusterState, NodeRecord
-from ..tls import NodeCredentials, make_cluster_credentials
+from ..tls import ClusterCA, NodeCredentials, expiring
 from .._trio import open_nursery
 
 __all__ = ["ClusterState", "LaunchError", "NodeRecord", "NodeStatus", "down", "status", "up"]
@@ -44,15 +45,20 @@ def up(spec: ClusterSpec, *, progress: Progress | None = None, keep_going: bool 
     """
     existing = state_store.load(spec.name)
     if existing is not None:
+        if existing.spec.tls and _renew_certificates(existing, progress):
+            return existing  # it was up: its expiring certificates were renewed in place
         restarted = _restart_crashed_nodes(existing, spec, progress)
         if restarted is not None:
             return restarted
         _clear_previous(existing)
+    if spec.launcher == "local":
+        _check_local_directories(spec)
     secret = secrets.token_bytes(32)
     credentials = None
     if spec.tls:
-        ca_pem, credentials = make_cluster_credentials(spec.name, list(spec.nodes))
-        state_store.save_tls(spec.name, ca_pem, {n: c.to_dict() for n, c in credentials.items()})
+        ca = ClusterCA.create(spec.name)
+        credentials = {node: ca.issue(node) for node in spec.nodes}
+        state_store.save_tls(spec.name, ca.cert, {n: c.to_dict() for n, c in credentials.items()}, ca_key=ca.key)
     if spec.launcher == "ssh":
         from .ssh import start_ssh_cluster  # asyncssh is only imported when it is used
 
@@ -71,6 +77,55 @@ def up(spec: ClusterSpec, *, progress: Progress | None = None, keep_going: bool 
         raise
     state_store.save(state, secret)
     return state
+
+
+def _check_local_directories(spec: ClusterSpec) -> None:
+    """Refuse before starting anything when an export is missing or a mountpoint is not empty."""
+    failures = {node.name: "; ".join(problems) for node in spec.nodes.values()
+                if (problems := directory_problems(node))}
+    if failures:
+        raise LaunchError(failures)
+
+
+def _renew_certificates(existing: ClusterState, progress: Progress | None = None) -> bool:
+    """Reissue node certificates with less than RENEW_WITHIN left and hand them to the running daemons.
+
+    True if there were some and every daemon took its new one; False if none
+    needed it, or a daemon did not answer (it gets the new one when restarted),
+    or they cannot be reissued from this CA (then a fresh start, after
+    `gmount down`, makes a new CA; `gmount audit` says so).
+    """
+    name = existing.name
+    try:
+        ca_pem, stored = state_store.load_tls(name)
+    except GmountError:
+        return False
+    due = [node for node, creds in stored.items() if expiring(creds["cert"])]
+    ca_key = state_store.load_tls_ca_key(name)
+    if not due or expiring(ca_pem) or ca_key is None:
+        return False
+    ca = ClusterCA(ca_pem, ca_key)
+    renewed = {node: ca.issue(node) for node in due}
+    state_store.save_tls(name, ca_pem, {**stored, **{n: c.to_dict() for n, c in renewed.items()}}, ca_key=ca_key)
+    answers: dict[str, str | None] = {}
+
+    async def hand_over(node: str) -> None:
+        try:
+            await call(existing, node, "renew_tls", renewed[node].cert, renewed[node].key)
+            answers[node] = None
+            if progress is not None:
+                progress(node, "certificate renewed")
+        except OSError as exc:
+            answers[node] = str(exc)
+
+    async def hand_over_all() -> None:
+        async with open_nursery() as nursery:
+            for node in due:
+                if node in existing.nodes:
+                    nursery.start_soon(hand_over, node)
+
+    run_sync(hand_over_all)
+    return all(answers.get(node, "not running") is None for node in due)
 
 
 def _restart_crashed_nodes(existing: ClusterState, spec: ClusterSpec,
@@ -99,7 +154,7 @@ def _restart_crashed_nodes(existing: ClusterState, spec: ClusterSpec,
     credentials = None
     if spec.tls:
         _, stored = state_store.load_tls(spec.name)
-        credentials = {n: NodeCredentials(**c) for n, c in stored.items()}
+        credentials = {n: NodeCredentials(**c) for n, c in stored.items()}  # renewed above if expiring
     known = {n: [r.host, r.port] for n, r in alive.items()}
     started = _run(start_cluster(spec, spawn_local, secret, progress=progress, credentials=credentials,
                                  only=dead, known_peers=known))

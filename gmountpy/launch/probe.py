@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import trio
 
 from .. import rpc
+from ..client import client_ssl
 from .. import state as state_store
 from ..config import ClusterSpec, load_spec
 from ..errors import GmountError
@@ -82,7 +83,7 @@ async def _local_rtts(state: ClusterState, count: int) -> list[SiteRtt]:
         record = state.nodes[node]
         async with open_nursery() as nursery:
             client = await rpc.connect(nursery, record.host, record.port, secret=secret, name="gmount-probe",
-                                       peer=node, timeout=3.0)
+                                       peer=node, timeout=3.0, ssl_context=client_ssl(state))
             try:
                 await client.call("ping", timeout=5.0)  # warm up: connection and caches
                 samples = []

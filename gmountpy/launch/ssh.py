@@ -478,13 +478,16 @@ def creatable(path):
         return "%s is not writable by this user" % parent
     return None
 
-def check_export(path):
+def check_export(path, create):
     if os.path.exists(path):
         if not os.path.isdir(path):
             return "export %s is not a directory" % path
         if not os.access(path, os.R_OK | os.X_OK):
             return "export %s is not readable by this user" % path
         return None
+    if not create:
+        return ("export %s does not exist: create it, fix `export` in the cluster file, "
+                "or set create_export = true to have it made" % path)
     why = creatable(path)
     return why and "export %s does not exist and cannot be created (%s)" % (path, why)
 
@@ -530,7 +533,7 @@ def check_listen(host, port):
     return None
 
 for n in P["nodes"]:
-    problems = [p for p in (check_export(n["export"]), check_mountpoint(n["mountpoint"]),
+    problems = [p for p in (check_export(n["export"], n["create_export"]), check_mountpoint(n["mountpoint"]),
                             check_listen(n["listen"], n["port"])) if p]
     R["nodes"][n["name"]] = problems
 sys.stdout.write("GMOUNT PREFLIGHT " + json.dumps(R) + "\n")
@@ -540,7 +543,8 @@ sys.stdout.write("GMOUNT PREFLIGHT " + json.dumps(R) + "\n")
 async def _preflight_python(link: _Link, python: str, nodes: Sequence[NodeSpec]) -> dict[str, str | None]:
     """Run the check with one interpreter for some nodes of a link; node -> problem or None."""
     params = {"requires": list(_DAEMON_REQUIRES),
-              "nodes": [{"name": n.name, "export": n.export, "mountpoint": n.mountpoint,
+              "nodes": [{"name": n.name, "export": n.export, "create_export": n.create_export,
+                         "mountpoint": n.mountpoint,
                          "listen": n.listen, "port": n.port} for n in nodes]}
     script = _PREFLIGHT.replace("@PARAMS@", repr(json.dumps(params)))
     where = link.dest.label

@@ -21,6 +21,7 @@ import errno
 import json
 import logging
 import os
+import resource
 import signal
 import socket
 import sys
@@ -31,10 +32,12 @@ import trio
 
 from .. import rpc
 from .._version import __version__
-from ..config import ClusterSpec
+from ..config import ClusterSpec, NodeSpec
 from ..errors import GmountError
 from ..overlay import Overlay
-from ..tls import NodeCredentials, client_context, server_context
+from ..tls import NodeCredentials, certificate_problem, client_context, expires, load_credentials, server_context
+from . import readahead
+from .directories import directory_problems
 from .export import Export
 from .fuse import GmountOperations
 from .locator import FloodLocator
@@ -79,7 +82,11 @@ def _setup_logging(path: str) -> None:
     root.setLevel(logging.INFO)
 
 
-def _prepare_dirs(export: str, mountpoint: str) -> None:
+def _prepare_dirs(node: NodeSpec) -> None:
+    export, mountpoint = node.export, node.mountpoint
+    problems = directory_problems(node)
+    if problems:
+        raise GmountError("; ".join(problems))
     os.makedirs(export, exist_ok=True)
     if os.path.ismount(mountpoint):
         raise GmountError(f"mountpoint {mountpoint} is already mounted: run `gmount down` "
@@ -111,6 +118,17 @@ def check_allow_other(node: str, euid: int, fuse_conf: str = FUSE_CONF) -> None:
                           f"`user_allow_other` line, so a non-root user may not mount with allow_other. "
                           f"Fix: add a line `user_allow_other` to {fuse_conf} (as root), or remove allow_other "
                           "from the cluster file")
+
+
+def _raise_file_limit(wanted: int) -> None:
+    """Let the process hold the open handles tuning allows (up to the hard limit the system sets)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-file limit from %d to %d: %s", soft, target, exc)
 
 
 class NodeDaemon:
@@ -149,14 +167,21 @@ class NodeDaemon:
             s = locator.statistics()
             return {"node": self.me, "pid": os.getpid(), "inodes": len(ops.inodes),
                     "open_files": len(ops._files), "cache_hits": s.hits, "cache_misses": s.misses,
-                    "negative_hits": s.negative_hits, "remote_queries": s.remote_queries}
+                    "negative_hits": s.negative_hits, "remote_queries": s.remote_queries,
+                    # against the [tuning] limits: what peers hold here, and what this node holds
+                    "peer_handles": service.usage.handles, "peer_listings": service.usage.listings,
+                    "requests_in_progress": request_limits.in_progress, "requests_refused": request_limits.refused,
+                    "readahead_bytes": readahead.NODE_BUDGET.used}
 
         info = {"node": self.me, "site": self.node.site, "cluster": self.spec.name, "version": __version__,
                 "mountpoint": self.node.mountpoint, "export": self.node.export}
         extra: dict[str, Any] = {"shutdown": stop, "stats": stats}
-        service = NodeService(self.export, info, extra,
-                              ReplicaTable(replica_table_path(self.spec.name, self.me)))
         tuning = self.spec.tuning
+        service = NodeService(self.export, info, extra,
+                              ReplicaTable(replica_table_path(self.spec.name, self.me)), tuning=tuning)
+        request_limits = rpc.RequestLimits(tuning.requests_per_connection, tuning.requests_per_node, self.me)
+        readahead.NODE_BUDGET.limit = tuning.readahead_mib << 20
+        _raise_file_limit(tuning.handles_per_node + 1024)  # the mount's own files and sockets besides
         async with open_nursery() as nursery:
             server_tls = client_tls = None
             if self.credentials is not None:
@@ -193,13 +218,28 @@ class NodeDaemon:
                 return await stage_file(namespace, service, path)
 
             extra["stage"] = stage
+
+            async def renew_tls(cert: str, key: str) -> str:
+                """`gmount up` reissued our certificate: present it on connections from now on."""
+                if server_tls is None or self.credentials is None:
+                    raise OSError(errno.EINVAL, f"node {self.me} does not use TLS")
+                fresh = NodeCredentials(self.credentials.ca, cert, key)
+                problem = certificate_problem(fresh, self.me)
+                if problem is not None:
+                    raise OSError(errno.EINVAL, problem)
+                load_credentials(server_tls, fresh)
+                self.credentials = fresh
+                log.info("node %s now presents a renewed certificate, valid until %s", self.me, expires(cert))
+                return str(expires(cert))
+
+            extra["renew_tls"] = renew_tls
             ops = GmountOperations(namespace, tuning.attr_ttl, tuning.negative_ttl)
 
             listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
 
             async def handler(stream: trio.SocketStream) -> None:
                 await rpc.handle_connection(stream, service.dispatch, secret=self.secret, name=self.me,
-                                            ssl_context=server_tls)
+                                            ssl_context=server_tls, limits=request_limits)
 
             nursery.start_soon(trio.serve_listeners, handler, [listener])
 
@@ -267,7 +307,7 @@ def main() -> int:
         _setup_logging(config.get("log") or default_log_path(spec.name, me))
         _daemonize()
         _say(out, "STARTED", {"pid": os.getpid()})
-        _prepare_dirs(node.export, node.mountpoint)
+        _prepare_dirs(node)
         if not os.access("/dev/fuse", os.R_OK | os.W_OK):
             raise GmountError("/dev/fuse is not usable by this user: FUSE is needed on every node")
         if spec.allow_other:
@@ -285,6 +325,10 @@ def main() -> int:
         peers = {name: PeerAddress(h, int(p)) for name, (h, p) in message["peers"].items()}
         tls = config.get("tls")
         credentials = NodeCredentials(tls["ca"], tls["cert"], tls["key"]) if tls else None
+        if credentials is not None:
+            problem = certificate_problem(credentials, me)
+            if problem is not None:
+                raise GmountError(problem)
         daemon = NodeDaemon(spec, me, secret, credentials)
     except (GmountError, OSError, ValueError, KeyError) as exc:
         log.error("startup failed: %s", exc)

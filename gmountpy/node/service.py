@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ..config import Tuning
 from ..rpc import Session
 from .export import Attr, Export, off_loop, pread, pwrite, split_path
 from .replicas import STAGED_XATTR, Replica, ReplicaTable, is_marked_copy
@@ -46,6 +47,16 @@ def _absent(exc: OSError) -> bool:
     return exc.errno in (errno.ENOENT, errno.ENOTDIR)
 
 
+class _NodeUsage:
+    """Handles and listing snapshots held by all connections of one node, against the tuning limits."""
+
+    def __init__(self, node: str, tuning: Tuning) -> None:
+        self.node = node
+        self.tuning = tuning
+        self.handles = 0
+        self.listings = 0
+
+
 class _Handles:
     """Descriptors opened on behalf of one peer connection.
 
@@ -55,11 +66,12 @@ class _Handles:
     the next open, and the call would touch another file).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, usage: _NodeUsage | None = None) -> None:
         self.fds: dict[int, int] = {}
         self.listings: dict[int, list[Any]] = {}  # directory snapshots being paged through
         self.puts: dict[int, tuple[str, str]] = {}  # put handle -> (path, temporary file beside it)
         self.next = 1
+        self.usage = usage or _NodeUsage("this node", Tuning())
         self._busy: dict[int, int] = {}      # handle -> calls running on it
         self._closing: dict[int, int] = {}   # handle -> fd to close when its last call returns
 
@@ -79,18 +91,47 @@ class _Handles:
                     os.close(self._closing.pop(handle))
 
     def close(self, handle: int) -> None:
-        fd = self.get(handle)
-        del self.fds[handle]
+        fd = self.remove(handle)
         if handle in self._busy:
             self._closing[handle] = fd
         else:
             os.close(fd)
 
+    def check_room_for_file(self) -> None:
+        """EMFILE naming the limit, before anything is opened."""
+        usage, tuning = self.usage, self.usage.tuning
+        if len(self.fds) >= tuning.handles_per_connection:
+            raise OSError(errno.EMFILE, f"too many open files on node {usage.node} for one connection: "
+                                        f"{len(self.fds)}, the limit of tuning.handles_per_connection; "
+                                        "close some or raise the limit")
+        if usage.handles >= tuning.handles_per_node:
+            raise OSError(errno.EMFILE, f"too many open files on node {usage.node}: {usage.handles} over all "
+                                        "connections, the limit of tuning.handles_per_node; "
+                                        "close some or raise the limit")
+
+    def check_room_for_listing(self) -> None:
+        usage, tuning = self.usage, self.usage.tuning
+        if len(self.listings) >= tuning.listings_per_connection:
+            raise OSError(errno.EMFILE, f"too many open directory listings on node {usage.node} for one "
+                                        f"connection: {len(self.listings)}, the limit of "
+                                        "tuning.listings_per_connection; close some (closedir) or raise the limit")
+        if usage.listings >= tuning.listings_per_node:
+            raise OSError(errno.EMFILE, f"too many open directory listings on node {usage.node}: {usage.listings} "
+                                        "over all connections, the limit of tuning.listings_per_node; "
+                                        "close some (closedir) or raise the limit")
+
     def add(self, fd: int) -> int:
         handle = self.next
         self.next += 1
         self.fds[handle] = fd
+        self.usage.handles += 1
         return handle
+
+    def remove(self, handle: int) -> int:
+        fd = self.get(handle)
+        del self.fds[handle]
+        self.usage.handles -= 1
+        return fd
 
     def get(self, handle: int) -> int:
         try:
@@ -102,7 +143,12 @@ class _Handles:
         handle = self.next
         self.next += 1
         self.listings[handle] = entries
+        self.usage.listings += 1
         return handle
+
+    def drop_listing(self, handle: int) -> None:
+        if self.listings.pop(handle, None) is not None:
+            self.usage.listings -= 1
 
     def listing(self, handle: int) -> list[Any]:
         try:
@@ -113,8 +159,8 @@ class _Handles:
     def close_all(self) -> None:
         for handle in list(self.fds):
             self.close(handle)
+        self.usage.listings -= len(self.listings)
         self.listings.clear()
-        self.puts.clear()
 
 
 def _int(value: Any, name: str) -> int:
@@ -128,8 +174,9 @@ class NodeService:
 
     def __init__(self, export: Export, info: dict[str, Any],
                  extra: dict[str, Callable[..., Awaitable[Any]]] | None = None,
-                 replicas: ReplicaTable | None = None) -> None:
+                 replicas: ReplicaTable | None = None, *, tuning: Tuning | None = None) -> None:
         self.export = export
+        self.usage = _NodeUsage(str(info.get("node", "this node")), tuning or Tuning())
         self.replicas = replicas if replicas is not None else ReplicaTable()
         self._remove_leftover_temporaries()
         self.info = info
@@ -175,9 +222,9 @@ class NodeService:
     def _handles(self, session: Session) -> _Handles:
         handles = session.data.get("handles")
         if handles is None:
-            handles = session.data["handles"] = _Handles()
-            session.cleanups.append(handles.close_all)
-            session.cleanups.append(lambda: self._drop_puts(handles))  # cleanups run last first
+            handles = session.data["handles"] = _Handles(self.usage)
+            session.cleanups.append(handles.close_all)  # cleanups run last first: the puts' files go, then fds
+            session.cleanups.append(lambda: self._drop_puts(handles))
         return handles
 
     # -- metadata ----------------------------------------------------------
@@ -264,6 +311,7 @@ class NodeService:
 
     async def op_opendir(self, handles: _Handles, path: str) -> tuple[int, int] | None:
         """Snapshot a directory's listing for paging: (handle, number of entries), None if absent."""
+        handles.check_room_for_listing()
         entries = await off_loop(self._listing, path)
         if entries is None:
             return None
@@ -275,7 +323,7 @@ class NodeService:
         return listing[_int(start, "start"):start + count]
 
     def op_closedir(self, handles: _Handles, handle: int) -> None:
-        handles.listings.pop(handle, None)
+        handles.drop_listing(handle)
 
     def _listing(self, path: str) -> list[tuple[str, Attr] | tuple[str, Attr, str]] | None:
         try:
@@ -353,6 +401,8 @@ class NodeService:
     # -- file data, through handles owned by the connection ----------------
 
     async def op_open(self, handles: _Handles, path: str, flags: int) -> tuple[int, Attr]:
+        handles.check_room_for_file()
+
         def open_and_stat() -> tuple[int, Attr]:
             fd = self.export.open(path, _int(flags, "flags"))
             try:
@@ -407,6 +457,7 @@ class NodeService:
             raise OSError(errno.EISDIR, "/ is the export root, not a file")
         directory, _, name = path.rpartition("/")
         temporary = f"{directory}/.{name}.gmount-put-{uuid.uuid4().hex[:8]}"
+        handles.check_room_for_file()
         fd = self.export.create(temporary, os.O_RDWR | os.O_EXCL, _int(mode, "mode") & 0o7777)
         handle = handles.add(fd)
         handles.puts[handle] = (path, temporary)
@@ -414,9 +465,9 @@ class NodeService:
 
     async def op_put_close(self, handles: _Handles, handle: int, size: int, sha256: str) -> Attr:
         """Finish a put: verify what is on disk against (size, sha256), then rename it into place."""
-        fd = handles.get(handle)
         path, temporary = self._put(handles, handle)
-        del handles.fds[handle], handles.puts[handle]
+        fd = handles.remove(handle)
+        del handles.puts[handle]
         try:
             written, digest = await off_loop(_sync_and_hash, fd)
         except BaseException:
@@ -441,9 +492,9 @@ class NodeService:
 
     def op_put_abort(self, handles: _Handles, handle: int) -> None:
         """Give up a put: its temporary file goes away, the destination is untouched."""
-        fd = handles.get(handle)
         _, temporary = self._put(handles, handle)
-        del handles.fds[handle], handles.puts[handle]
+        fd = handles.remove(handle)
+        del handles.puts[handle]
         os.close(fd)
         self._unlink_quietly(temporary)
 

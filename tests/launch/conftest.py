@@ -101,6 +101,10 @@ class Sshd:
         if tuning:
             lines += ["", "[tuning]"] + [f"{k} = {v}" for k, v in tuning.items()]
         base.mkdir(parents=True, exist_ok=True)
+        for node in (n for members in sites.values() for n in members):  # `gmount up` refuses a missing export
+            export = str(node_tables.get(node, {}).get("export", default_table["export"])).replace("{node}", node)
+            if export.startswith(str(base)):
+                Path(export).mkdir(parents=True, exist_ok=True)
         path = base / "cluster.toml"
         path.write_text("\n".join(lines) + "\n")
         return path

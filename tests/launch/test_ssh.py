@@ -219,6 +219,28 @@ def test_port_in_use_and_unusable_mountpoint(sshd: Sshd, tmp_path: Path) -> None
             assert_nothing_left(sshd, tmp_path)
 
 
+def test_a_missing_export_is_refused_over_ssh_unless_create_export(sshd: Sshd, tmp_path: Path) -> None:
+    spec = load_spec(sshd.cluster_file(tmp_path, "ssh-typo", {"s": ["n1", "n2"]}, []))
+    (tmp_path / "n2" / "export").rmdir()  # a typo in the cluster file, as far as n2's host can tell
+    with cleanup(sshd, spec):
+        error = expect_launch_error(spec)
+        assert error.failures == {"n2": (f"export {tmp_path}/n2/export does not exist: create it, fix `export` "
+                                         "in the cluster file, or set create_export = true to have it made")}
+        assert not (tmp_path / "n2" / "export").exists()
+        assert_nothing_left(sshd, tmp_path)
+    spec = load_spec(sshd.cluster_file(tmp_path, "ssh-typo", {"s": ["n1", "n2"]}, [],
+                                       nodes={"n2": {"create_export": True}}))
+    (tmp_path / "n2" / "export").rmdir()
+    with cleanup(sshd, spec):
+        state = launch.up(spec)
+        assert spec.tls  # between hosts TLS is the default
+        assert (tmp_path / "n2" / "export").is_dir() and os.path.ismount(state.nodes["n2"].mountpoint)
+        (tmp_path / "n2" / "export" / "made.txt").write_text("over TLS")
+        assert (tmp_path / "n1" / "mnt" / "made.txt").read_text() == "over TLS"
+        assert launch.down("ssh-typo") == {}
+        assert_nothing_left(sshd, tmp_path)
+
+
 def write_silent_python(path: Path) -> Path:
     """An interpreter that passes the preflight but, started as the daemon, never says a word."""
     path.write_text(f"""#!/bin/sh
