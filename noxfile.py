@@ -17,7 +17,10 @@ nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
 
 BASE_PACKAGES = ["fuse3", "libfuse3-dev", "pkg-config", "gcc", "python3-dev"]
-TEST_PACKAGES = ["openssh-server", "openssh-client"]
+#: the tests run real sshd, make, the WAN harness (namespaces, iptables-legacy, the NFQUEUE delay program)
+#: and the reference pipelines (Montage executables)
+TEST_PACKAGES = ["openssh-server", "openssh-client", "make", "iproute2", "iptables", "util-linux",
+                 "libnetfilter-queue-dev", "libmnl-dev"]
 
 
 def _missing_debs(packages: list[str]) -> list[str]:
@@ -50,7 +53,7 @@ def install_project(session: nox.Session, extras: str = "") -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The whole test suite, with real FUSE mounts and a real sshd."""
+    """The whole test suite: real FUSE mounts, a real sshd, real make and snakemake runs, emulated WAN sites."""
     ensure_system_packages(session, BASE_PACKAGES + TEST_PACKAGES)
     install_project(session, "[test]")
     session.run("pytest", *(session.posargs or ["-q"]))

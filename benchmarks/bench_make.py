@@ -48,7 +48,7 @@ def log(message: str) -> None:
 def cluster_file(base: Path, name: str) -> Path:
     path = base / "cluster.toml"
     path.write_text("\n".join([
-        f'name = "{name}"', 'launcher = "local"', "[defaults]",
+        f'name = "{name}"', 'launcher = "local"', "create_export = true", "[defaults]",
         f'export = "{base}/{{node}}/export"', f'mountpoint = "{base}/{{node}}/mnt"',
         "[sites.tsukuba]", 'nodes = ["n1", "n2"]', "[sites.hongo]", 'nodes = ["n3", "n4"]',
         "[[links]]", 'sites = ["tsukuba", "hongo"]', "rtt_ms = 14.0", ""]))
