@@ -172,7 +172,7 @@ class NodeDaemon:
                 return await stage_file(namespace, service, path)
 
             extra["stage"] = stage
-            ops = GmountOperations(namespace, tuning.attr_ttl, tuning.negative_ttl)
+            ops = GmountOperations(namespace, tuning.attr_ttl, tuning.negative_ttl, service.counters)
 
             listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
 

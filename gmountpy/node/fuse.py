@@ -20,6 +20,7 @@ from ..errors import PeerUnavailable
 from .export import Attr
 from .inodes import ROOT_INODE, InodeTable
 from .namespace import FileHandle, Namespace, join
+from .service import IOCounters
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +56,11 @@ class GmountOperations(pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = False
 
-    def __init__(self, namespace: Namespace, attr_ttl: float, negative_ttl: float = 0.0) -> None:
+    def __init__(self, namespace: Namespace, attr_ttl: float, negative_ttl: float = 0.0,
+                 counters: IOCounters | None = None) -> None:
         super().__init__()
         self.ns = namespace
+        self.counters = counters if counters is not None else IOCounters()
         self.ttl = attr_ttl
         self.negative_ttl = negative_ttl
         self.inodes = InodeTable()
@@ -249,11 +252,17 @@ class GmountOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        return await self.ns.read(self._files[fh], off, size)
+        handle = self._files[fh]
+        data = await self.ns.read(handle, off, size)
+        self.counters.mount_read(handle.fd is not None, len(data))  # fd: served from this node's export
+        return data
 
     @_fuse_errors
     async def write(self, fh: int, off: int, buf: bytes) -> int:
-        return await self.ns.write(self._files[fh], off, buf)
+        handle = self._files[fh]
+        written = await self.ns.write(handle, off, buf)
+        self.counters.mount_write(handle.fd is not None, written)
+        return written
 
     @_fuse_errors
     async def flush(self, fh: int) -> None:
