@@ -8,9 +8,11 @@ import click
 
 from ..errors import GmountError
 from . import demo, down, ls, place, probe, run, stage, status, up, where
+from . import pipeline as pipeline_command
 
 COMMANDS: list[click.Command] = [up.command, down.command, status.command, where.command, probe.command,
                                  ls.command, stage.command, place.command, run.command, demo.command]
+COMMANDS.append(pipeline_command.command)
 
 
 class _Group(click.Group):
