@@ -70,3 +70,5 @@ def bench(session: nox.Session) -> None:
     ensure_system_packages(session, BASE_PACKAGES)
     install_project(session)
     session.run("python", "benchmarks/bench_core.py", *session.posargs)
+    ensure_system_packages(session, ["make"])
+    session.run("python", "benchmarks/bench_make.py")

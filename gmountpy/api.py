@@ -28,7 +28,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
+import hashlib
 import html
+import io
 import os
 import posixpath
 import shlex
@@ -38,8 +40,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, Union
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Any, TypeVar, Union
 
 import networkx as nx
 import trio
@@ -72,6 +74,7 @@ from .errors import GmountError, PeerUnavailable
 from .node.export import Attr
 from .overlay import Overlay
 from .placement import choose_node
+from .spawn import Spawned
 from .state import ClusterState, load_secret
 from ._trio import open_nursery
 
@@ -80,8 +83,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Cluster", "ClusterStatus", "CommandTimeout", "Entry", "FileLocations", "Holder", "Listing", "Locations",
-    "Node", "Nodes", "Placement", "PlacementRow", "RunResult", "StageError", "StageFailure", "StageReport",
-    "StagedFile",
+    "Node", "Nodes", "Placement", "PlacementRow", "RunResult", "Spawned", "StageError", "StageFailure",
+    "StageReport", "StagedFile",
 ]
 
 T = TypeVar("T")
@@ -470,6 +473,216 @@ class Cluster:
                 over_ssh: RunResult = blocking(asyncio.run, self._run_ssh(node, text, directory, timeout, capture))
                 return over_ssh
             return self._run_local(node, text, directory, timeout, capture)
+
+    def spawn(self, command: str, *, on: str | Node, cwd: PathLike = "/", env: Mapping[str, str] | None = None,
+              stdout: Any = None, stderr: Any = None) -> Spawned:
+        """Start a shell command on node `on`, in its mount, and return at once (see gmountpy.spawn).
+
+        For executors running many jobs: poll the result, `stop()` it (its
+        whole process group, also over SSH). The command sees `env` on top
+        of this process's environment, plus GMOUNT_NODE, GMOUNT_SITE and
+        GMOUNT_CLUSTER. `stdout`/`stderr` are as for subprocess.Popen.
+        """
+        from . import spawn as spawning
+
+        if not command.strip():
+            raise ValueError("`command` must not be empty")
+        node = self._node_name(on)
+        directory = self._ask(cwd, None)[0]
+        node_spec = self._state.spec.nodes[node]
+        extra = {**(env or {}), **self._command_env(node)}
+        if self._is_ssh(node):
+            where = posixpath.join(node_spec.mountpoint, directory.lstrip("/"))
+            argv = spawning.ssh_argv(node_spec, self._state.spec.ssh, command, where, extra)
+            return spawning.start(node, command, where, argv, os.environ, over_ssh=True, stdout=stdout,
+                                  stderr=stderr)
+        where = os.path.join(node_spec.mountpoint, directory.lstrip("/"))
+        if not os.path.isdir(where):
+            raise GmountError(f"cannot run on node {node}: {directory} is not a directory in its mount ({where})")
+        return spawning.start(node, command, where, spawning.local_argv(command), {**os.environ, **extra},
+                              over_ssh=False, stdout=stdout, stderr=stderr)
+
+    # -- write ---------------------------------------------------------------------
+
+    def write_bytes(self, path: PathLike, data: bytes, *, on: str | Node | None = None, mode: int = 0o644,
+                    from_node: str | Node | None = None) -> str:
+        """Write a whole file into the namespace; returns the node whose export now holds it.
+
+        Where it lands: node `on` if given; else the node holding the file
+        now (it is replaced there, as a write through the mount would);
+        else the asking node (`from_node`, default as in the module doc), as
+        a create through its mount would. The bytes go to a temporary file on that node, checked
+        by size and SHA-256, then renamed into place: readers see the old
+        file or the whole new one. Copies of the path on other nodes are
+        removed afterwards, so the new file is the only one.
+        """
+        return self._put_from(path, io.BytesIO(bytes(data)), on, mode, from_node)
+
+    def put(self, local: PathLike, path: PathLike, *, on: str | Node | None = None, mode: int | None = None,
+            from_node: str | Node | None = None) -> str:
+        """Copy a local file into the namespace (like `write_bytes`, streamed); the node that holds it."""
+        with open(local, "rb") as source:
+            if mode is None:
+                mode = os.fstat(source.fileno()).st_mode & 0o7777
+            return self._put_from(path, source, on, mode, from_node)
+
+    def mkdir(self, path: PathLike, *, on: str | Node | None = None, from_node: str | Node | None = None) -> str:
+        """Make a directory (and missing parents) in one node's export (`on`, default the asking node).
+
+        FileExistsError if the name exists on any node.
+        """
+        ns_path, asking = self._ask(path, from_node)
+        target = self._node_name(on) if on is not None else asking
+
+        async def main(conns: _Connections) -> str:
+            found = await self._where(conns, asking, ns_path)
+            if found.nearest is not None:
+                raise FileExistsError(errno.EEXIST, f"{ns_path} exists (on node {found.nearest.node})")
+            await conns.call(target, "mkdir", ns_path, 0o755)
+            return target
+
+        return self._run(main)
+
+    def remove(self, path: PathLike, from_node: str | Node | None = None) -> tuple[str, ...]:
+        """Remove a file from every node holding it, or an empty directory from every node having it.
+
+        Returns the nodes it was removed from; FileNotFoundError if none
+        holds it, OSError(ENOTEMPTY) naming the node for a non-empty directory.
+        """
+        ns_path, asking = self._ask(path, from_node)
+
+        async def main(conns: _Connections) -> tuple[str, ...]:
+            found = await self._where(conns, asking, ns_path)
+            if found.nearest is None:
+                raise FileNotFoundError(errno.ENOENT, f"no node holds {ns_path}")
+            is_dir = found.nearest.is_dir
+            removed = []
+            for holder in found.holders:
+                if holder.is_dir != is_dir:
+                    continue
+                try:
+                    await conns.call(holder.node, "rmdir" if is_dir else "unlink", ns_path)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    raise OSError(exc.errno, f"cannot remove {ns_path} on node {holder.node}: "
+                                             f"{exc.strerror or exc}") from None
+                removed.append(holder.node)
+            return tuple(removed)
+
+        return self._run(main)
+
+    def checksum(self, path: PathLike, from_node: str | Node | None = None) -> tuple[int, str]:
+        """(size, SHA-256 hex) of a file, computed on its nearest holder (no bytes cross the network)."""
+        ns_path, asking = self._ask(path, from_node)
+
+        async def main(conns: _Connections) -> tuple[int, str]:
+            holder = _readable_holder(await self._where(conns, asking, ns_path))
+            size, digest = await conns.call(holder.node, "checksum", ns_path, timeout=60.0 + holder.size / 50e6)
+            return int(size), str(digest)
+
+        return self._run(main)
+
+    def get(self, path: PathLike, local: PathLike, from_node: str | Node | None = None) -> tuple[int, str]:
+        """Copy a file from its nearest holder to a local file, verified; returns (size, SHA-256 hex).
+
+        The bytes go to a temporary file beside `local`, are checked against
+        the holder's own size and SHA-256, and renamed into place; a file
+        that changed while it was copied raises OSError(EAGAIN).
+        """
+        ns_path, asking = self._ask(path, from_node)
+        target = os.fspath(local)
+        temporary = f"{target}.gmount-get-{os.getpid()}-{threading.get_ident()}"
+
+        async def main(conns: _Connections) -> tuple[int, str]:
+            holder = _readable_holder(await self._where(conns, asking, ns_path))
+            handle, attr = await conns.call(holder.node, "open", ns_path, os.O_RDONLY)
+            digest = hashlib.sha256()
+            size = 0
+            try:
+                with open(temporary, "wb") as out:
+                    while piece := await conns.call(holder.node, "read", handle, size, _READ_PIECE, timeout=60.0):
+                        out.write(piece)
+                        digest.update(piece)
+                        size += len(piece)
+            finally:
+                with trio.CancelScope(shield=True):
+                    try:
+                        await conns.call(holder.node, "close", handle)
+                    except OSError:
+                        pass
+            source = await conns.call(holder.node, "checksum", ns_path, timeout=60.0 + size / 50e6)
+            if (int(source[0]), str(source[1])) != (size, digest.hexdigest()):
+                raise OSError(errno.EAGAIN, f"{ns_path} changed on node {holder.node} while it was copied "
+                                            f"({size} bytes read, {source[0]} there now); copy it again")
+            os.utime(temporary, ns=(Attr.from_wire(attr).atime_ns, Attr.from_wire(attr).mtime_ns))
+            return size, digest.hexdigest()
+
+        try:
+            result = self._run(main)
+        except BaseException:
+            try:
+                os.unlink(temporary)
+            except OSError:
+                pass
+            raise
+        os.replace(temporary, target)
+        return result
+
+    def _put_from(self, path: PathLike, source: IO[bytes], on: str | Node | None, mode: int,
+                  from_node: str | Node | None) -> str:
+        ns_path, asking = self._ask(path, from_node)
+        if ns_path == "/":
+            raise IsADirectoryError(errno.EISDIR, "/ is the namespace root, not a file")
+        chosen = self._node_name(on) if on is not None else None
+
+        async def main(conns: _Connections) -> str:
+            found = await self._where(conns, asking, ns_path)
+            if found.nearest is not None and found.nearest.is_dir:
+                raise IsADirectoryError(errno.EISDIR, f"{ns_path} is a directory (on node {found.nearest.node})")
+            originals = [h.node for h in found.holders if h.replica_of is None]
+            target = chosen or (originals[0] if originals else asking)
+            try:
+                handle = await conns.call(target, "put_open", ns_path, mode & 0o7777)
+            except OSError as exc:
+                if exc.errno == errno.ENOSYS:
+                    raise GmountError(f"node {target} cannot take writes from outside its mount: its daemon "
+                                      "has no 'put' operation (restart the cluster with this gmountpy)") from None
+                raise
+            digest = hashlib.sha256()
+            size = 0
+            try:
+                in_flight = trio.Semaphore(_READS_IN_FLIGHT)
+
+                async def send(offset: int, piece: bytes) -> None:
+                    try:
+                        await conns.call(target, "write", handle, offset, piece, timeout=60.0)
+                    finally:
+                        in_flight.release()
+
+                async with open_nursery() as nursery:
+                    while piece := source.read(_READ_PIECE):
+                        digest.update(piece)
+                        await in_flight.acquire()
+                        nursery.start_soon(send, size, piece)
+                        size += len(piece)
+                await conns.call(target, "put_close", handle, size, digest.hexdigest(), timeout=60.0 + size / 20e6)
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    try:
+                        await conns.call(target, "put_abort", handle)
+                    except OSError:
+                        pass  # the handle's temporary file goes with the connection anyway
+                raise
+            for holder in found.holders:  # the new file is the only one of that name
+                if holder.node != target and not holder.is_dir:
+                    try:
+                        await conns.call(holder.node, "unlink", ns_path)
+                    except FileNotFoundError:
+                        pass
+            return target
+
+        return self._run(main)
 
     # -- internals: paths and nodes --------------------------------------------------
 

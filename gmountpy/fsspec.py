@@ -23,14 +23,21 @@ fetches byte ranges from that node directly; nothing is relayed or copied
 whole. ``info`` carries ``node`` (the holder read from), ``site``,
 ``export_path`` and ``locations``: every holder, nearest first.
 
-The file system is read-only: write through a node's mount, where creates
-land on that node.
+Writing (``open(..., "wb")``, ``pipe``, ``put``, ``touch``) replaces a file
+on the node that holds it, and creates a new one on ``node``, as a write
+through that node's mount would; the whole file is sent when it is closed
+(buffered locally until then), checked by size and SHA-256, and renamed into
+place, so readers see the old file or the whole new one. ``mkdir`` makes the
+directory on ``node``; ``rm`` removes a file from every node holding it (a
+directory: from every node that has it, once empty).
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import posixpath
+import tempfile
 from typing import Any
 
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
@@ -59,7 +66,7 @@ def _open_cluster(cluster: Cluster | str | None) -> Cluster:
 
 
 class GmountFileSystem(AbstractFileSystem):
-    """Read-only fsspec access to a running gmount cluster over its daemons' RPC (see module doc)."""
+    """fsspec access to a running gmount cluster over its daemons' RPC (see module doc)."""
 
     protocol = PROTOCOL
     root_marker = "/"
@@ -121,9 +128,14 @@ class GmountFileSystem(AbstractFileSystem):
 
     def _open(self, path: str, mode: str = "rb", block_size: Any = None, autocommit: bool = True,
               cache_options: Any = None, **kwargs: Any) -> GmountFile:
+        if mode in ("wb", "xb"):
+            path = self._strip_protocol(path)
+            if mode == "xb" and self.exists(path):
+                raise FileExistsError(errno.EEXIST, f"{path} exists", path)
+            return GmountFile(self, path, "wb", block_size, autocommit, cache_options=cache_options, **kwargs)
         if mode != "rb":
-            raise NotImplementedError(f"gmount:// is read-only (asked for mode {mode!r}): write through a "
-                                      "node's mount instead, where new files land on that node")
+            raise NotImplementedError(f"gmount:// files open as 'rb', 'wb' or 'xb', not {mode!r} "
+                                      "(to append, write through a node's mount)")
         details = self.info(path)
         if details["type"] == "directory":
             raise IsADirectoryError(errno.EISDIR, f"{details['name']} is a directory", details["name"])
@@ -142,6 +154,56 @@ class GmountFileSystem(AbstractFileSystem):
             return b""
         return self._read(details["name"], details["node"], first, stop)
 
+    # -- writing ---------------------------------------------------------------------
+
+    def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
+        path = self._strip_protocol(path)
+        if mode == "create" and self.exists(path):
+            raise FileExistsError(errno.EEXIST, f"{path} exists", path)
+        self.cluster.write_bytes(path, value, from_node=self.node)
+
+    def put_file(self, lpath: str, rpath: str, callback: Any = None, mode: str = "overwrite", **kwargs: Any) -> None:
+        rpath = self._strip_protocol(rpath)
+        if os.path.isdir(lpath):
+            self.makedirs(rpath, exist_ok=True)
+            return
+        if mode == "create" and self.exists(rpath):
+            raise FileExistsError(errno.EEXIST, f"{rpath} exists", rpath)
+        self.cluster.put(lpath, rpath, from_node=self.node)
+        if callback is not None:
+            size = os.path.getsize(lpath)
+            callback.set_size(size)
+            callback.relative_update(size)
+
+    def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
+        self.pipe_file(path2, self.cat_file(path1))
+
+    def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
+        path = self._strip_protocol(path)
+        if not create_parents and not self.isdir(posixpath.dirname(path)):
+            raise FileNotFoundError(errno.ENOENT, f"{posixpath.dirname(path)} is not a directory", path)
+        self.cluster.mkdir(path, from_node=self.node)
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        path = self._strip_protocol(path)
+        if self.exists(path):
+            if exist_ok and self.isdir(path):
+                return
+            raise FileExistsError(errno.EEXIST, f"{path} exists", path)
+        self.cluster.mkdir(path, from_node=self.node)
+
+    def rm_file(self, path: str) -> None:
+        self.cluster.remove(self._strip_protocol(path), from_node=self.node)
+
+    def _rm(self, path: str) -> None:
+        self.rm_file(path)
+
+    def rmdir(self, path: str) -> None:
+        path = self._strip_protocol(path)
+        if not self.isdir(path):
+            raise NotADirectoryError(errno.ENOTDIR, f"{path} is not a directory", path)
+        self.cluster.remove(path, from_node=self.node)
+
     def _read(self, path: str, node: str, start: int, end: int) -> bytes:
         cluster = self.cluster
 
@@ -155,20 +217,38 @@ class GmountFileSystem(AbstractFileSystem):
 
 
 class GmountFile(AbstractBufferedFile):
-    """A file opened for reading, bound to the holder found at open time (close-to-open)."""
+    """A file opened for reading, bound to the holder found at open time (close-to-open) -- or for
+    writing: buffered in a local temporary file and sent whole on close (see the module doc)."""
 
     def __init__(self, fs: GmountFileSystem, path: str, mode: str, block_size: Any, autocommit: bool,
                  cache_options: Any = None, details: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        assert details is not None
-        self.holder: str = details["node"]
+        self.holder: str | None = details["node"] if details is not None else None
+        self._spool: Any = None
+        sized = {"size": details["size"]} if details is not None else {}
         super().__init__(fs, path, mode, block_size if block_size is not None else "default", autocommit,
-                         cache_options=cache_options, size=details["size"], **kwargs)
-        self.details = details
+                         cache_options=cache_options, **sized, **kwargs)
+        if details is not None:
+            self.details = details
+
+    def _initiate_upload(self) -> None:
+        self._spool = tempfile.SpooledTemporaryFile(max_size=64 * 1024 * 1024)
+
+    def _upload_chunk(self, final: bool = False) -> bool:
+        self._spool.write(self.buffer.getvalue())
+        if final:
+            fs: GmountFileSystem = self.fs
+            self._spool.seek(0)
+            try:
+                fs.cluster._put_from(self.path, self._spool, None, 0o644, fs.node)
+            finally:
+                self._spool.close()
+        return True
 
     def _fetch_range(self, start: int, end: int) -> bytes:
         if end <= start:
             return b""
         fs: GmountFileSystem = self.fs
+        assert self.holder is not None, "only files opened for reading fetch ranges"
         return fs._read(self.path, self.holder, start, end)
 
 

@@ -97,8 +97,8 @@ def test_reads_ranges_from_the_holder(cluster4: LocalCluster, gfs: GmountFileSys
         assert hashlib.sha256(f.read()).digest() == hashlib.sha256(data).digest()
     with pytest.raises(IsADirectoryError):
         gfs.open("/fs-read")
-    with pytest.raises(NotImplementedError, match="read-only"):
-        gfs.open("/fs-read/new.txt", "wb")
+    with pytest.raises(NotImplementedError, match="not 'ab'"):
+        gfs.open("/fs-read/new.txt", "ab")
 
 
 def test_pandas_reads_a_remote_csv(cluster4: LocalCluster) -> None:

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import sys
+from importlib.metadata import entry_points
 
 import click
 
 from ..errors import GmountError
-from . import demo, down, ls, place, probe, run, stage, status, up, where
+from . import demo, down, ls, place, probe, run, slurm_extra, snakemake_profile, stage, status, up, where
 from . import pipeline as pipeline_command
 
 COMMANDS: list[click.Command] = [up.command, down.command, status.command, where.command, probe.command,
-                                 ls.command, stage.command, place.command, run.command, demo.command]
+                                 ls.command, stage.command, place.command, run.command, demo.command,
+                                 snakemake_profile.command, slurm_extra.command]
 COMMANDS.append(pipeline_command.command)
 
 
@@ -37,3 +39,10 @@ def main() -> None:
 
 for _command in COMMANDS:
     main.add_command(_command)
+
+# Subcommands shipped by plugins (`gmount make`, ...): entry points in group `gmountpy.commands`.
+for _entry in entry_points(group="gmountpy.commands"):
+    try:
+        main.add_command(_entry.load())
+    except ImportError as _exc:  # a half-installed plugin must not take the whole CLI down
+        print(f"gmount: plugin command {_entry.name!r} is unusable ({_exc}); reinstall gmountpy", file=sys.stderr)

@@ -37,7 +37,7 @@ from ..overlay import Overlay
 from ..tls import NodeCredentials, client_context, server_context
 from .export import Export
 from .fuse import GmountOperations
-from .locator import FloodLocator
+from .locator import FloodLocator, Location
 from .namespace import Namespace
 from .peers import PeerAddress, PeerPool
 from .replicas import ReplicaTable
@@ -151,6 +151,7 @@ class NodeDaemon:
             namespace = Namespace(self.me, {n: s.site for n, s in self.spec.nodes.items()}, self.export,
                                   pool, locator, nursery)
             extra["where"] = self._where(namespace)
+            service.on_created = lambda path, attr: locator.note_created(path, Location(self.me, attr))
 
             async def ls(path: str) -> dict[str, Any]:
                 """The merged listing as this node's mount shows it, with every holder of each name."""

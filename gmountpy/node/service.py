@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ import inspect
 import trio
 
 from ..rpc import Session
-from .export import Attr, Export
+from .export import Attr, Export, split_path
 from .replicas import Replica, ReplicaTable
 
 #: Largest single read or write a peer may ask for.
@@ -39,6 +40,7 @@ class _Handles:
     def __init__(self) -> None:
         self.fds: dict[int, int] = {}
         self.listings: dict[int, list[Any]] = {}  # directory snapshots being paged through
+        self.puts: dict[int, tuple[str, str]] = {}  # put handle -> (path, temporary file beside it)
         self.next = 1
 
     def add(self, fd: int) -> int:
@@ -70,6 +72,7 @@ class _Handles:
             os.close(fd)
         self.fds.clear()
         self.listings.clear()
+        self.puts.clear()
 
 
 class IOCounters:
@@ -121,6 +124,9 @@ class NodeService:
         self.info = info
         self.counters = IOCounters()
         self._extra = extra or {}
+        #: Told of every file a put finished, so this node's own lookups see it at once (the daemon
+        #: points it at its locator).
+        self.on_created: Callable[[str, Attr], None] | None = None
         self._ops: dict[str, Callable[..., Any]] = {
             name[3:]: getattr(self, name) for name in dir(self) if name.startswith("op_")
         }
@@ -132,19 +138,20 @@ class NodeService:
         if method is None:
             raise OSError(errno.ENOSYS, f"unknown operation {op!r}")
         if op in ("open", "read", "write", "fsync", "fstat", "close", "ftruncate", "opendir", "readdir",
-                  "closedir"):
-            return method(self._handles(session), *args)
-        result = method(*args)
+                  "closedir", "put_open", "put_close", "put_abort"):
+            result = method(self._handles(session), *args)
+        else:
+            result = method(*args)
         if inspect.iscoroutine(result):
             return await result
         return result
 
-    @staticmethod
-    def _handles(session: Session) -> _Handles:
+    def _handles(self, session: Session) -> _Handles:
         handles = session.data.get("handles")
         if handles is None:
             handles = session.data["handles"] = _Handles()
             session.cleanups.append(handles.close_all)
+            session.cleanups.append(lambda: self._drop_puts(handles))  # cleanups run last first
         return handles
 
     # -- metadata ----------------------------------------------------------
@@ -339,3 +346,84 @@ class NodeService:
         fd = handles.get(handle)
         del handles.fds[handle]
         os.close(fd)
+
+    # -- whole files written from outside the mount (library API, fsspec, Snakemake storage) ----
+    #
+    # put_open makes a hidden temporary file beside the destination (parents made
+    # here), the data comes with `write` on that handle, and put_close checks size
+    # and SHA-256 of what landed on disk before renaming it into place, so a
+    # reader never sees a half-written file and a failed put leaves nothing.
+
+    def op_put_open(self, handles: _Handles, path: str, mode: int) -> int:
+        """Start writing `path` into this export; the handle takes `write` calls."""
+        if not split_path(path):
+            raise OSError(errno.EISDIR, "/ is the export root, not a file")
+        directory, _, name = path.rpartition("/")
+        temporary = f"{directory}/.{name}.gmount-put-{uuid.uuid4().hex[:8]}"
+        fd = self.export.create(temporary, os.O_RDWR | os.O_EXCL, _int(mode, "mode") & 0o7777)
+        handle = handles.add(fd)
+        handles.puts[handle] = (path, temporary)
+        return handle
+
+    async def op_put_close(self, handles: _Handles, handle: int, size: int, sha256: str) -> Attr:
+        """Finish a put: verify what is on disk against (size, sha256), then rename it into place."""
+        fd = handles.get(handle)
+        path, temporary = self._put(handles, handle)
+        del handles.fds[handle], handles.puts[handle]
+        try:
+            written, digest = await trio.to_thread.run_sync(_sync_and_hash, fd)
+        except BaseException:
+            os.close(fd)
+            self._unlink_quietly(temporary)
+            raise
+        os.close(fd)
+        if (written, digest) != (_int(size, "size"), sha256):
+            self._unlink_quietly(temporary)
+            raise OSError(errno.EIO, f"{path}: {written} bytes with sha256 {digest[:16]}... landed on disk, "
+                                     f"expected {size} bytes with sha256 {str(sha256)[:16]}...; write it again")
+        try:
+            self.export.rename(temporary, path)
+        except BaseException:
+            self._unlink_quietly(temporary)
+            raise
+        self.replicas.forget(path)  # a replica overwritten here is now this node's own file
+        attr = self.export.lstat(path)
+        if self.on_created is not None:
+            self.on_created(path, attr)
+        return attr
+
+    def op_put_abort(self, handles: _Handles, handle: int) -> None:
+        """Give up a put: its temporary file goes away, the destination is untouched."""
+        fd = handles.get(handle)
+        _, temporary = self._put(handles, handle)
+        del handles.fds[handle], handles.puts[handle]
+        os.close(fd)
+        self._unlink_quietly(temporary)
+
+    @staticmethod
+    def _put(handles: _Handles, handle: int) -> tuple[str, str]:
+        try:
+            return handles.puts[handle]
+        except (KeyError, TypeError):
+            raise OSError(errno.EBADF, f"no put in progress on handle {handle!r}") from None
+
+    def _drop_puts(self, handles: _Handles) -> None:
+        """The connection ended mid-put: remove the temporary files (close_all closes their fds)."""
+        for _, temporary in handles.puts.values():
+            self._unlink_quietly(temporary)
+
+    def _unlink_quietly(self, path: str) -> None:
+        try:
+            self.export.unlink(path)
+        except OSError:
+            pass
+
+
+def _sync_and_hash(fd: int) -> tuple[int, str]:
+    os.fsync(fd)
+    digest = hashlib.sha256()
+    size = 0
+    while block := os.pread(fd, 1 << 20, size):
+        digest.update(block)
+        size += len(block)
+    return size, digest.hexdigest()

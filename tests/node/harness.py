@@ -21,7 +21,7 @@ import trio
 from gmountpy import rpc
 from gmountpy.config import ClusterSpec, parse_spec
 from gmountpy.node.export import Export
-from gmountpy.node.locator import FloodLocator
+from gmountpy.node.locator import FloodLocator, Location
 from gmountpy.node.namespace import Namespace
 from gmountpy.node.peers import PeerAddress, PeerPool
 from gmountpy.node.service import NodeService
@@ -174,6 +174,7 @@ async def open_cluster(
                 node.locator = FloodLocator(node.pool, overlay.lookup_tiers(name), ttl=ttl,
                                             negative_ttl=negative_ttl)
                 node.namespace = Namespace(name, sites, node.export, node.pool, node.locator, nursery)
+                node.service.on_created = _note_created(node)
             try:
                 yield Cluster(spec, overlay, nodes, nursery)
             finally:
@@ -193,3 +194,10 @@ async def read_file(namespace: Namespace, path: str, size: int = 1 << 20) -> byt
     finally:
         await namespace.release(handle)
 
+
+
+def _note_created(node: Node) -> Any:
+    """As the daemon wires it: a finished put tells the node's own locator."""
+    def note(path: str, attr: Any) -> None:
+        node.locator.note_created(path, Location(node.name, attr))
+    return note

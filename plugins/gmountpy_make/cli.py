@@ -1,0 +1,43 @@
+"""`gmount make-include` and `gmount make`, registered through the `gmountpy.commands` entry points."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import sysconfig
+
+import click
+
+from . import MAKEFILE
+
+
+@click.command("make-include")
+def include_command() -> None:
+    """Print the path of gmount.mk, for `include $(shell gmount make-include)` in a Makefile."""
+    click.echo(MAKEFILE)
+
+
+@click.command("make", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
+                                         "help_option_names": []})
+@click.argument("make_args", nargs=-1, type=click.UNPROCESSED)
+def make_command(make_args: tuple[str, ...]) -> None:
+    """Run GNU make with gmount.mk included (all arguments go to make): recipes run where their inputs are."""
+    make = shutil.which("make")
+    if make is None:
+        raise click.ClickException("GNU make is not on PATH (Debian package `make`)")
+    wrapper = find_wrapper()
+    if wrapper is not None:
+        os.environ.setdefault("GMOUNT_SH", wrapper)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # Python ignores it; make and its recipes must not inherit that
+    os.execv(make, [make, f"--eval=include {MAKEFILE}", *make_args])
+
+
+def find_wrapper() -> str | None:
+    """gmount-sh from the same installation as this `gmount` (its bin directory), else from PATH."""
+    for directory in (os.path.dirname(os.path.abspath(sys.argv[0])), sysconfig.get_path("scripts")):
+        candidate = os.path.join(directory, "gmount-sh")
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return shutil.which("gmount-sh")

@@ -1,0 +1,242 @@
+"""gmount-sh: make's SHELL under gmount.mk -- run one recipe on the node that holds its prerequisites.
+
+make calls `gmount-sh -c RECIPE` (or with its .SHELLFLAGS) for every recipe
+line (one call per recipe with .ONESHELL), with GMOUNT_TARGET=$@ and
+GMOUNT_DEPS=$^ in the environment. This runs once per recipe, so it imports
+only the standard library and the stdlib-only `gmountpy.mounts` (and
+`gmountpy.placement` when more than one node holds inputs); the full API is
+loaded only to reach SSH nodes.
+
+- No target (a `$(shell ...)`): exec the recipe shell right here.
+- Otherwise: find the cluster and node from the current directory (it is
+  inside a node's mount), ask the mount who holds each prerequisite, choose
+  the node with Pwrake's rule (`gmountpy.placement.choose_node`; the make
+  process's node when no prerequisite is in the namespace), and run the
+  recipe with the recipe shell in the same directory of that node's mount,
+  with GMOUNT_NODE, GMOUNT_SITE and GMOUNT_CLUSTER set -- `Cluster.run`'s
+  semantics. On a local cluster that is a child process in its own process
+  group; INT, TERM, HUP and QUIT are forwarded to the whole group, and
+  what is left of the group after that is terminated, so Ctrl-C (and
+  make's SIGTERM) stop everything the recipe started. On an SSH
+  cluster it is `Cluster.run(..., on=node, capture=False)`.
+- stdout, stderr and stdin are the recipe's own; the exit status is the
+  recipe's (a recipe killed by a signal kills gmount-sh with that signal).
+- One JSON line per recipe goes to $GMOUNT_PLACEMENT_LOG.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+from gmountpy import mounts
+
+TYPE_CHECKING = False  # typing is not imported at run time: it costs more than a small recipe
+if TYPE_CHECKING:
+    from types import FrameType
+    from typing import NoReturn
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+#: Variables that describe the recipe to gmount-sh only: a sub-make started by
+#: the recipe must not see its parent's target (its own $(shell ...) would be
+#: taken for a recipe).
+PRIVATE_VARIABLES = ("GMOUNT_TARGET", "GMOUNT_DEPS")
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    shell = os.environ.get("GMOUNT_RECIPE_SHELL") or "/bin/sh"
+    target = os.environ.get("GMOUNT_TARGET", "")
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # Python ignores it; recipes must not inherit that
+    if not target or not args:
+        os.execv(shell, [shell, *args])
+    args[-1] = strip_oneshell_prefixes(args[-1])
+    cwd = os.getcwd()
+    found = mounts.find(cwd)
+    if found is None:
+        fail(f"cannot place target {target}: {cwd} is not inside a running gmount cluster's mount on this "
+             "machine; run make inside a mount (cd <mountpoint>/...), or drop the gmount.mk include", 2)
+    cluster, here, ns_dir = found
+    holdings = cluster.holdings(os.environ.get("GMOUNT_DEPS", "").split(), cwd)
+    node = choose(cluster, here, holdings)
+    command = [shell, *args]
+    started = time.monotonic()
+    if cluster.nodes[node].remote:
+        status = run_over_ssh(cluster, node, ns_dir, command)
+    else:
+        status = run_local(cluster, node, ns_dir, command, target)
+    log(cluster, target, node, here, ns_dir, holdings, time.monotonic() - started, status)
+    if status < 0:  # killed by a signal: die the same way, so make reports it as it would for /bin/sh
+        signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+        status = 128 - status
+    sys.exit(status)
+
+
+def choose(cluster: mounts.MountedCluster, here: str, holdings: dict[str, dict[str, int]]) -> str:
+    """The node for a recipe: `place($^)`; the make process's node when no prerequisite is located."""
+    located = {path: held for path, held in holdings.items() if held}
+    if not located:
+        return here
+    scores: dict[str, int] = {}
+    for held in located.values():
+        for name, size in held.items():
+            scores[name] = scores.get(name, 0) + size
+    holding = [name for name, score in scores.items() if score > 0]
+    if len(holding) == 1:  # the only candidate under the rule (every other node scores 0 < best/2)
+        return holding[0]
+    from gmountpy.placement import choose_node
+    decision = choose_node(holdings, list(cluster.nodes),
+                           slots={name: n.slots for name, n in cluster.nodes.items()},
+                           running={}, rtt=cluster.rtt)
+    return decision.node
+
+
+def run_local(cluster: mounts.MountedCluster, node: str, ns_dir: str, command: list[str], target: str) -> int:
+    """Run `command` in `node`'s mount as a child in its own process group; its wait status as an exit code."""
+    workdir = cluster.path_on(node, ns_dir)
+    env = {k: v for k, v in os.environ.items() if k not in PRIVATE_VARIABLES}
+    env.update(GMOUNT_NODE=node, GMOUNT_SITE=cluster.nodes[node].site, GMOUNT_CLUSTER=cluster.name, PWD=workdir)
+    me = os.getpid()
+    child = 0
+    received: list[int] = []
+    original = {sig: signal.getsignal(sig) for sig in FORWARDED}
+
+    def forward(sig: int, frame: FrameType | None) -> None:
+        if os.getpid() != me:
+            return  # in the child before exec: the default action follows
+        received.append(sig)
+        if child:
+            try:
+                os.killpg(child, sig)
+            except ProcessLookupError:
+                pass
+
+    for sig in FORWARDED:
+        if original[sig] != signal.SIG_IGN:
+            signal.signal(sig, forward)
+    child = os.fork()
+    if child == 0:
+        try:
+            for sig in FORWARDED:
+                signal.signal(sig, signal.SIG_IGN if original[sig] == signal.SIG_IGN else signal.SIG_DFL)
+            os.setpgid(0, 0)
+            os.chdir(workdir)
+            os.execve(command[0], command, env)
+        except OSError as exc:
+            os.write(2, f"gmount-sh: cannot run the recipe of {target} on node {node} in {workdir}: "
+                        f"{exc.strerror or exc}\n".encode())
+        os._exit(127)
+    try:
+        os.setpgid(child, child)  # also here: a signal may come before the child has done it
+    except OSError:
+        pass  # the child has exec'd (or exited) already and did it itself
+    if received:  # came while forking
+        forward(received[-1], None)
+    _, status = os.waitpid(child, 0)
+    if received:
+        stop_group(child)
+    return os.waitstatus_to_exitcode(status)
+
+
+def stop_group(group: int, grace: float = 2.0) -> None:
+    """After an interrupt, end what the recipe left in its process group.
+
+    A non-interactive shell starts `cmd &` with SIGINT ignored, so Ctrl-C
+    alone would leave such jobs running: they get SIGTERM, then SIGKILL.
+    """
+    deadline = time.monotonic() + grace
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(group, sig)
+        except ProcessLookupError:
+            return
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(group, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.02)
+
+
+def run_over_ssh(cluster: mounts.MountedCluster, node: str, ns_dir: str, command: list[str]) -> int:
+    """Run `command` on an SSH node through the public API (streams stdout/stderr as they come)."""
+    import shlex
+
+    from gmountpy.api import Cluster
+    from gmountpy.errors import GmountError
+    try:
+        result = Cluster.open(cluster.name).run(shlex.join(command), on=node, cwd=ns_dir, capture=False)
+    except GmountError as exc:
+        fail(str(exc), 255)
+    except KeyboardInterrupt:
+        return -signal.SIGINT
+    return result.returncode
+
+
+def log(cluster: mounts.MountedCluster, target: str, node: str, make_node: str, ns_dir: str,
+        holdings: dict[str, dict[str, int]], seconds: float, status: int) -> None:
+    """Append the recipe's line to $GMOUNT_PLACEMENT_LOG (one write: lines from parallel recipes stay whole)."""
+    path = os.environ.get("GMOUNT_PLACEMENT_LOG")
+    if not path:
+        return
+    located = [held for held in holdings.values() if held]
+    local = sum(held[node] for held in located if node in held)
+    remote = sum(max(held.values()) for held in located if node not in held)
+    line = json.dumps({"target": target, "node": node, "make_node": make_node, "cluster": cluster.name,
+                       "cwd": ns_dir, "inputs": len(holdings), "bytes_local": local, "bytes_remote": remote,
+                       "seconds": round(seconds, 6), "status": status, "time": time.time()})
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        print(f"gmount-sh: cannot write the placement log {path}: {exc.strerror or exc} "
+              "(set GMOUNT_PLACEMENT_LOG to a writable file)", file=sys.stderr)
+
+
+def strip_oneshell_prefixes(script: str) -> str:
+    """Drop @, - and + (and blanks) at the start of every logical line but the first, as make does.
+
+    make passes a recipe with unescaped newlines only under .ONESHELL, and
+    then strips these prefix characters from the inner lines itself -- but
+    only when SHELL is a POSIX shell by name (sh, bash, ...), which
+    gmount-sh is not. Doing it here keeps .ONESHELL recipes unchanged.
+    """
+    if "\n" not in script:
+        return script
+    out: list[str] = []
+    i, n = 0, len(script)
+    first = True
+    while i < n:
+        if not first:
+            while i < n and script[i] in " \t-@+":
+                i += 1
+        first = False
+        escaped = False
+        while i < n:
+            ch = script[i]
+            out.append(ch)
+            i += 1
+            if ch == "\\":
+                escaped = not escaped
+                continue
+            if ch == "\n" and not escaped:
+                break
+            escaped = False
+    return "".join(out)
+
+
+def fail(message: str, status: int) -> NoReturn:
+    print(f"gmount-sh: {message}", file=sys.stderr)
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Writing into the namespace from outside any mount: Cluster.write_bytes/put/get/mkdir/remove and fsspec."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from gmountpy import Cluster
+from gmountpy.fsspec import GmountFileSystem
+
+from .conftest import LocalCluster, wait_for
+
+
+def holders(cluster: LocalCluster, path: str) -> list[str]:
+    return [n for n in cluster.nodes if (cluster.export(n) / path.lstrip("/")).is_file()]
+
+
+def test_write_bytes_lands_on_the_asking_node_and_reads_back_everywhere(cluster4: LocalCluster) -> None:
+    c = Cluster.open(cluster4.spec.name)
+    data = os.urandom(5 * 1024 * 1024 + 7)  # more than one 4 MiB piece
+    assert c.write_bytes("/w-api/new/blob.bin", data, from_node="n3") == "n3"
+    assert holders(cluster4, "/w-api/new/blob.bin") == ["n3"]
+    assert c.read_bytes("/w-api/new/blob.bin", from_node="n3") == data
+    # other nodes see it once their negative cache (0.5 s here) expired
+    assert wait_for(lambda: (cluster4.mount("n1") / "w-api/new/blob.bin").is_file(), timeout=5)
+    assert (cluster4.mount("n1") / "w-api/new/blob.bin").read_bytes() == data
+    assert c.checksum("/w-api/new/blob.bin") == (len(data), hashlib.sha256(data).hexdigest())
+
+
+def test_rewriting_replaces_the_file_on_its_holder_and_drops_twins(cluster4: LocalCluster) -> None:
+    c = Cluster.open(cluster4.spec.name)
+    for node in ("n2", "n4"):
+        target = cluster4.export(node) / "w-twin/f.txt"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(f"old on {node}".encode())
+    assert c.write_bytes("/w-twin/f.txt", b"new", from_node="n1") == "n2"  # nearest holder from n1
+    assert holders(cluster4, "/w-twin/f.txt") == ["n2"]
+    assert (cluster4.export("n2") / "w-twin/f.txt").read_bytes() == b"new"
+    assert c.write_bytes("/w-twin/f.txt", b"moved", on="n4") == "n4"
+    assert holders(cluster4, "/w-twin/f.txt") == ["n4"]
+
+
+def test_put_get_mkdir_remove(cluster4: LocalCluster, tmp_path: Path) -> None:
+    c = Cluster.open(cluster4.spec.name)
+    local = tmp_path / "in.bin"
+    local.write_bytes(os.urandom(100_000))
+    os.chmod(local, 0o600)
+    assert c.put(local, "/w-put/in.bin", on="n4") == "n4"
+    on_disk = cluster4.export("n4") / "w-put/in.bin"
+    assert on_disk.read_bytes() == local.read_bytes() and on_disk.stat().st_mode & 0o777 == 0o600
+    back = tmp_path / "back.bin"
+    size, digest = c.get("/w-put/in.bin", back)
+    assert back.read_bytes() == local.read_bytes() and size == 100_000
+    assert digest == hashlib.sha256(local.read_bytes()).hexdigest()
+    assert back.stat().st_mtime_ns == on_disk.stat().st_mtime_ns  # keeps the source's mtime
+    assert [p.name for p in tmp_path.iterdir() if "gmount-get" in p.name] == []
+
+    assert c.mkdir("/w-put/sub/deeper", on="n2") == "n2"
+    assert (cluster4.export("n2") / "w-put/sub/deeper").is_dir()
+    with pytest.raises(FileExistsError, match="on node n2"):
+        c.mkdir("/w-put/sub/deeper", from_node="n2")
+    assert c.remove("/w-put/in.bin") == ("n4",)
+    assert not on_disk.exists()
+    with pytest.raises(FileNotFoundError):
+        c.remove("/w-put/in.bin", from_node="n4")
+    with pytest.raises(IsADirectoryError):
+        c.write_bytes("/w-put/sub", b"x", from_node="n2")
+    with pytest.raises(OSError, match="on node n2"):
+        c.remove("/w-put/sub", from_node="n2")  # not empty
+    assert c.remove("/w-put/sub/deeper", from_node="n2") == ("n2",)
+
+
+def test_fsspec_write_read_round_trip(cluster4: LocalCluster, tmp_path: Path) -> None:
+    name = cluster4.spec.name
+    fs = GmountFileSystem(cluster=name, node="n3")
+    payload = os.urandom(3 * 1024 * 1024)
+    with fsspec.open(f"gmount://{name}/w-fs/a/b.bin", "wb", node="n3") as f:
+        f.write(payload[:1000])
+        f.write(payload[1000:])
+    assert holders(cluster4, "/w-fs/a/b.bin") == ["n3"]
+    with fsspec.open(f"gmount://{name}/w-fs/a/b.bin", "rb") as f:
+        assert f.read() == payload
+    fs.pipe("/w-fs/piped.txt", b"piped\n")
+    assert fs.cat("/w-fs/piped.txt") == b"piped\n"
+    with pytest.raises(FileExistsError):
+        fs.open("/w-fs/piped.txt", "xb")
+    local = tmp_path / "up.txt"
+    local.write_text("uploaded\n")
+    fs.put(str(local), "/w-fs/up.txt")
+    assert fs.cat("/w-fs/up.txt") == b"uploaded\n" and holders(cluster4, "/w-fs/up.txt") == ["n3"]
+    fs.touch("/w-fs/empty")
+    assert fs.info("/w-fs/empty")["size"] == 0
+    fs.mkdir("/w-fs/dir")
+    fs.makedirs("/w-fs/dir", exist_ok=True)
+    assert fs.isdir("/w-fs/dir")
+    fs.rm("/w-fs", recursive=True)
+    assert not any((cluster4.export(n) / "w-fs").exists() for n in cluster4.nodes)
