@@ -21,6 +21,7 @@ Placements:
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -215,7 +216,8 @@ def run_on_cluster(cluster: Cluster, pipe: Pipeline, size: int, engine: str, pla
     env: dict[str, str] = {}
     extra: list[str] = []
     if placement == "locality":
-        extra = ["--executor", "gmount"] if engine == "snakemake" else []
+        # outputs written on another node reach the head node's view within the attribute TTL
+        extra = ["--executor", "gmount", "--latency-wait", "10"] if engine == "snakemake" else []
     else:
         wrapper = os.path.join(scratch, "placement.sh")
         with open(wrapper, "w") as f:
@@ -239,7 +241,38 @@ def run_on_cluster(cluster: Cluster, pipe: Pipeline, size: int, engine: str, pla
     files = _walk(cluster, workdir)
     rows = job_table(pipe.jobs(list(files)), files)
     counters = _delta(after, before)
-    return _report(pipe, size, engine, placement, cluster, workdir, home_dir, run, started_ns, rows, counters)
+    report = _report(pipe, size, engine, placement, cluster, workdir, home_dir, run, started_ns, rows, counters)
+    report["job_seconds"] = placement_log_seconds(home_dir, rows)
+    return report
+
+
+def placement_log_seconds(directory: str, rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per stage: jobs and their seconds, from the plugins' placement logs (.gmount/*.jsonl), if any.
+
+    make's log has one line per recipe line (target), Snakemake's one per job (rule).
+    """
+    stage_of = {r["output"]: r["stage"] for r in rows}
+    log_dir = os.path.join(directory, ".gmount")
+    per_target: dict[tuple[str, str], float] = {}
+    for name in sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []:
+        if not name.endswith(".jsonl"):
+            continue
+        with open(os.path.join(log_dir, name)) as f:
+            for line in f:
+                record = json.loads(line)
+                if "target" in record:
+                    stage = stage_of.get(record["target"], record["target"])
+                    key = (stage, record["target"])
+                else:
+                    key = (str(record.get("rule")), str(record.get("jobid")))
+                per_target[key] = per_target.get(key, 0.0) + float(record.get("seconds", 0.0))
+    result: dict[str, dict[str, float]] = {}
+    for (stage, _), seconds in per_target.items():
+        entry = result.setdefault(stage, {"jobs": 0, "seconds": 0.0, "max_seconds": 0.0})
+        entry["jobs"] += 1
+        entry["seconds"] = round(entry["seconds"] + seconds, 3)
+        entry["max_seconds"] = round(max(entry["max_seconds"], seconds), 3)
+    return result
 
 
 def _report(pipe: Pipeline, size: int, engine: str, placement: str, cluster: Cluster, workdir: str, home_dir: str,
