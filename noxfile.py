@@ -18,6 +18,7 @@ nox.options.reuse_existing_virtualenvs = True
 
 BASE_PACKAGES = ["fuse3", "libfuse3-dev", "pkg-config", "gcc", "python3-dev"]
 TEST_PACKAGES = ["openssh-server", "openssh-client"]
+PIPELINE_PACKAGES = ["make", "montage"]  # the reference pipelines: GNU make and the Montage executables
 
 
 def _missing_debs(packages: list[str]) -> list[str]:
@@ -51,8 +52,8 @@ def install_project(session: nox.Session, extras: str = "") -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole test suite, with real FUSE mounts and a real sshd."""
-    ensure_system_packages(session, BASE_PACKAGES + TEST_PACKAGES)
-    install_project(session, "[test]")
+    ensure_system_packages(session, BASE_PACKAGES + TEST_PACKAGES + PIPELINE_PACKAGES)
+    install_project(session, "[test,pipelines,snakemake]")
     session.run("pytest", *(session.posargs or ["-q"]))
 
 
@@ -72,3 +73,27 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_core.py", *session.posargs)
     ensure_system_packages(session, ["make"])
     session.run("python", "benchmarks/bench_make.py")
+
+
+def _pipeline(session: nox.Session, name: str) -> None:
+    ensure_system_packages(session, BASE_PACKAGES + PIPELINE_PACKAGES)
+    install_project(session, "[pipelines,snakemake]")
+    session.run("gmount", "pipeline", name, *(session.posargs or ["--compare"]))
+
+
+@nox.session
+def montage(session: nox.Session) -> None:
+    """The Montage mosaic (16 tiles) on the embedded 4-node cluster: locality vs random vs one node.
+
+    Arguments go to `gmount pipeline montage`, e.g. `nox -s montage -- --tiles 64 --engine snakemake`.
+    """
+    _pipeline(session, "montage")
+
+
+@nox.session
+def event(session: nox.Session) -> None:
+    """Event recognition over 158 abstracts on the embedded 4-node cluster: locality vs random vs one node.
+
+    Arguments go to `gmount pipeline event`, e.g. `nox -s event -- --docs 16 --engine snakemake`.
+    """
+    _pipeline(session, "event")

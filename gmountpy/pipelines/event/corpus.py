@@ -118,3 +118,20 @@ def write_corpus(n: int, destination: Callable[[int, str], str], seed: int = 158
             f.write(abstract(pmid, random.Random(f"{seed}-{pmid}")))
         written.append((pmid, path))
     return written
+
+
+def main(argv: list[str]) -> int:
+    """python -m gmountpy.pipelines.event.corpus N DIR: DIR/docs/PMID.xml, for one directory."""
+    import sys
+
+    if len(argv) != 2 or not argv[0].isdigit():
+        print("usage: python -m gmountpy.pipelines.event.corpus N DIRECTORY", file=sys.stderr)
+        return 2
+    write_corpus(int(argv[0]), lambda i, name: os.path.join(argv[1], "docs", name))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -136,3 +136,22 @@ def spread_by_site(tiles: list[Tile], sites: dict[str, list[str]]) -> dict[int, 
         nodes = sites[site]
         result[tile.index] = nodes[(i % per_site) % len(nodes)]
     return result
+
+
+def main(argv: list[str]) -> int:
+    """python -m gmountpy.pipelines.montage.tiles N DIR: DIR/raw/tile_*.fits and DIR/tiles.tbl, for one directory."""
+    import sys
+
+    if len(argv) != 2 or not argv[0].isdigit():
+        print("usage: python -m gmountpy.pipelines.montage.tiles N DIRECTORY", file=sys.stderr)
+        return 2
+    from . import generate
+
+    generate(int(argv[0]), {"local": ["local"]}, lambda node: argv[1])
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))
