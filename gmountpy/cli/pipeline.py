@@ -25,7 +25,7 @@ def _plugin_problem(engine: str) -> str | None:
             return "the Snakemake executor plugin (snakemake_executor_plugin_gmount) is not installed"
         return None
     gmount = shutil.which("gmount") or os.path.join(os.path.dirname(sys.executable), "gmount")
-    found = subprocess.run([gmount, "make-include"], capture_output=True, text=True)
+    found = subprocess.run([gmount, "make-include"], capture_output=True, text=True, check=False)
     if found.returncode != 0 or not found.stdout.strip():
         return "the make plugin (`gmount make-include`) is not available"
     return None
@@ -112,7 +112,9 @@ def command(name: str, tiles: int | None, docs: int | None, engine: str, placeme
             launch.down(started_here)
             if base is not None:
                 shutil.rmtree(base, ignore_errors=True)
-    print_report(console, runs, reference)
+    from rich.console import Console
+
+    print_report(Console(width=max(console.width, 132)), runs, reference)  # wide tables, also in logs
     write_json(os.path.join(out, "report.json"), runs, reference)
     write_chart(os.path.join(out, "report.png"), runs, reference)
     console.print(f"report: {os.path.join(out, 'report.json')}, chart: {os.path.join(out, 'report.png')}")

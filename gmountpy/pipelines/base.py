@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -34,6 +35,7 @@ class Pipeline:
     compare: Callable[[Callable[[str], bytes], Callable[[str], bytes]], str | None]
     result: str       # the main output (relative path)
     picture: str | None  # a PNG the pipeline writes, if any
+    rules: Mapping[str, str] = dataclasses.field(default_factory=dict)  # Snakemake rule -> stage, where they differ
 
     @property
     def directory(self) -> str:

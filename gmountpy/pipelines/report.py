@@ -29,10 +29,12 @@ def print_report(console: Console, runs: list[dict[str, Any]], reference: dict[s
     for r in runs:
         stages = Table(title=f"{r['placement']}: stages (seconds from start until the first / last output)",
                        show_edge=False, title_justify="left")
-        for column in ("stage", "jobs", "first done", "last done"):
+        for column in ("stage", "jobs", "first done", "last done", "job seconds (sum / max)"):
             stages.add_column(column)
         for stage, s in r["stages"].items():
-            stages.add_row(stage, str(s["jobs"]), f"{s['first_done_s']:.1f}", f"{s['last_done_s']:.1f}")
+            timed = r.get("job_seconds", {}).get(stage)
+            seconds = f"{timed['seconds']:.1f} / {timed['max_seconds']:.1f}" if timed else "-"
+            stages.add_row(stage, str(s["jobs"]), f"{s['first_done_s']:.1f}", f"{s['last_done_s']:.1f}", seconds)
         console.print(stages)
         nodes = Table(title=f"{r['placement']}: jobs and bytes per node", show_edge=False, title_justify="left")
         for column in ("node", "site", "jobs", "read local", "read remote", "served to peers"):

@@ -28,7 +28,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,7 +93,7 @@ def _run_engine(command: list[str], cwd: str, env: dict[str, str], log_path: str
     started = time.monotonic()
     with open(log_path, "w") as log:
         process = subprocess.run(command, cwd=cwd, env=full_env, stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL)
+                                 stdin=subprocess.DEVNULL, check=False)
     seconds = time.monotonic() - started
     with open(log_path, errors="replace") as log:
         output = log.read()
@@ -242,11 +242,12 @@ def run_on_cluster(cluster: Cluster, pipe: Pipeline, size: int, engine: str, pla
     rows = job_table(pipe.jobs(list(files)), files)
     counters = _delta(after, before)
     report = _report(pipe, size, engine, placement, cluster, workdir, home_dir, run, started_ns, rows, counters)
-    report["job_seconds"] = placement_log_seconds(home_dir, rows)
+    report["job_seconds"] = placement_log_seconds(home_dir, rows, pipe.rules)
     return report
 
 
-def placement_log_seconds(directory: str, rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+def placement_log_seconds(directory: str, rows: list[dict[str, Any]],
+                          rules: Mapping[str, str] | None = None) -> dict[str, dict[str, float]]:
     """Per stage: jobs and their seconds, from the plugins' placement logs (.gmount/*.jsonl), if any.
 
     make's log has one line per recipe line (target), Snakemake's one per job (rule).
@@ -264,7 +265,8 @@ def placement_log_seconds(directory: str, rows: list[dict[str, Any]]) -> dict[st
                     stage = stage_of.get(record["target"], record["target"])
                     key = (stage, record["target"])
                 else:
-                    key = (str(record.get("rule")), str(record.get("jobid")))
+                    rule = str(record.get("rule"))
+                    key = ((rules or {}).get(rule, rule), str(record.get("jobid")))
                 per_target[key] = per_target.get(key, 0.0) + float(record.get("seconds", 0.0))
     result: dict[str, dict[str, float]] = {}
     for (stage, _), seconds in per_target.items():

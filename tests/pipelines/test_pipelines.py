@@ -9,6 +9,7 @@ the daemons' byte counters must add up to the bytes the jobs read.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
 import shutil
@@ -26,7 +27,11 @@ from gmountpy.pipelines import pipeline
 from gmountpy.pipelines.event import stages as event_stages
 from gmountpy.pipelines.montage.concatfit import concat
 from gmountpy.pipelines.montage.tiles import write_tiles
-from gmountpy.pipelines.runner import check_against, run_on_cluster, run_single_directory
+from gmountpy.pipelines.runner import (
+    check_against,
+    run_on_cluster,
+    run_single_directory,
+)
 
 from ..conftest import LocalCluster, require
 
@@ -92,6 +97,9 @@ def test_locality_run_matches_single_directory(cluster4: LocalCluster, reference
     # one job per output of every stage
     assert {r["stage"] for r in report["job_rows"]} == set(pipe.stages)
     assert report["bytes_read"]["local"] > 0
+    # the plugin's placement log timed every job, under the pipeline's stage names
+    assert set(report["job_seconds"]) >= set(pipe.stages)
+    assert sum(s["jobs"] for stage, s in report["job_seconds"].items() if stage in pipe.stages) == report["jobs"]
 
 
 def test_random_placement_spreads_jobs_and_counters_add_up(cluster4: LocalCluster, references: dict[str, str],
@@ -134,7 +142,7 @@ def test_pipeline_command_writes_report_and_chart(cluster4: LocalCluster, tmp_pa
     out = tmp_path / "out"
     result = subprocess.run([sys.executable, "-m", "gmountpy", "pipeline", "montage", "--tiles", "4",
                              "--placement", "random", "--cluster", str(cluster4.base / "cluster.toml"),
-                             "--out", str(out)], capture_output=True, text=True)
+                             "--out", str(out)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((out / "report.json").read_text())
     (run,) = report["runs"]
@@ -148,7 +156,7 @@ def test_pipeline_command_writes_report_and_chart(cluster4: LocalCluster, tmp_pa
 
 def test_pipeline_command_refuses_a_size_of_the_other_pipeline() -> None:
     result = subprocess.run([sys.executable, "-m", "gmountpy", "pipeline", "event", "--tiles", "4"],
-                            capture_output=True, text=True)
+                            capture_output=True, text=True, check=False)
     assert result.returncode == 2
     assert "--tiles does not apply to the event pipeline; use --docs" in result.stderr
 
@@ -194,7 +202,7 @@ def test_event_stages_extract_trigger_and_arguments(tmp_path: Path) -> None:
                    'alpha was confirmed by mass spectrometry. Mutations in KRAS are frequent in colorectal cancer.'
                    '</AbstractText></Abstract></Article></MedlineCitation>')
     paths = [str(doc)] + [str(tmp_path / d / "1.json") for d in ("sent", "tok", "pos", "ent")]
-    for stage, (src, out) in zip(["split", "tokenize", "tag", "entities"], zip(paths, paths[1:])):
+    for stage, (src, out) in zip(["split", "tokenize", "tag", "entities"], itertools.pairwise(paths), strict=True):
         event_stages.STAGES[stage](src, out)
     event_stages.events(paths[-1], str(tmp_path / "ev.tsv"))
     event_stages.aggregate(str(tmp_path / "events.tsv"), str(tmp_path / "ev.tsv"))

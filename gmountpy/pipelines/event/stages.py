@@ -22,11 +22,12 @@ import json
 import os
 import sys
 import xml.etree.ElementTree as ET
-from typing import Any
+from typing import Any, cast
 
 import spacy
 from spacy.language import Language
 from spacy.matcher import Matcher
+from spacy.pipeline import AttributeRuler, EntityRuler
 from spacy.tokens import Doc
 
 from .corpus import ENTITIES, TRIGGERS
@@ -92,8 +93,8 @@ def tokenize(source: str, out: str) -> None:
     _dump(out, data)
 
 
-def _tagger(nlp: Language) -> Any:
-    ruler = nlp.add_pipe("attribute_ruler")
+def _tagger(nlp: Language) -> AttributeRuler:
+    ruler = cast(AttributeRuler, nlp.add_pipe("attribute_ruler"))
     patterns: list[dict[str, Any]] = [
         # suffix rules first; the lexicon below overrides them (later patterns win)
         {"patterns": [[{"IS_ALPHA": True}]], "attrs": {"POS": "NOUN"}},
@@ -140,7 +141,7 @@ def tag(source: str, out: str) -> None:
 def entities(source: str, out: str) -> None:
     data = _read_json(source)
     nlp = _blank()
-    ruler = nlp.add_pipe("entity_ruler")
+    ruler = cast(EntityRuler, nlp.add_pipe("entity_ruler"))
     ruler.add_patterns([{"label": ENTITY_LABEL, "pattern": name} for name in ENTITIES])
     for sentence in data["sentences"]:
         tokens = sentence["tokens"]

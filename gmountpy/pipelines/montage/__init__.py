@@ -80,7 +80,7 @@ def _pairs(files: Sequence[str]) -> dict[str, tuple[str, str]]:
 
 def compare(ours: Callable[[str], bytes], reference: Callable[[str], bytes]) -> str | None:
     import numpy as np
-    from astropy.io import fits
+    from astropy.io import fits  # type: ignore[import-untyped]
 
     with fits.open(io.BytesIO(ours("mosaic.fits"))) as a, fits.open(io.BytesIO(reference("mosaic.fits"))) as b:
         x, y = a[0].data, b[0].data
@@ -95,4 +95,8 @@ def compare(ours: Callable[[str], bytes], reference: Callable[[str], bytes]) -> 
     return None
 
 
-PIPELINE = Pipeline("montage", "tiles", 16, STAGES, generate, jobs, compare, "mosaic.fits", "mosaic.png")
+RULES = {"images_tbl": "mImgtbl", "pimages_tbl": "mImgtbl", "cimages_tbl": "mImgtbl", "region_hdr": "mMakeHdr",
+         "project": "mProjectPP", "overlaps": "mOverlaps", "diff_fit": "mDiffFit", "concat_fit": "mConcatFit",
+         "bg_model": "mBgModel", "background": "mBackground", "add": "mAdd", "viewer": "mViewer"}
+
+PIPELINE = Pipeline("montage", "tiles", 16, STAGES, generate, jobs, compare, "mosaic.fits", "mosaic.png", RULES)

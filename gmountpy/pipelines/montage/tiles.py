@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from astropy.io import fits
-from astropy.wcs import WCS
+from astropy.io import fits  # type: ignore[import-untyped]
+from astropy.wcs import WCS  # type: ignore[import-untyped]
 
 #: Field centre (near M101) and pixel scale (degrees per pixel).
 RA0, DEC0 = 210.80, 54.35
@@ -65,7 +65,6 @@ def plan_tiles(n: int, seed: int = 2011) -> list[Tile]:
 def _sources(tiles: list[Tile], seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One catalogue of point sources over the whole field: (ra, dec, flux)."""
     rng = np.random.default_rng(seed + 1)
-    rows, cols = grid_shape(len(tiles))
     half = TILE_PIXELS * SCALE
     ras = [t.ra for t in tiles]
     decs = [t.dec for t in tiles]
