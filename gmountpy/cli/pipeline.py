@@ -37,8 +37,11 @@ def _embedded_cluster(base: str) -> str:
 
     os.makedirs(base, exist_ok=True)
     path = os.path.join(base, "cluster.toml")
+    # No negative caching: make stats a target just before a job on another node creates it, and the
+    # next job on make's node must not be told "no such file" from that stat (DESIGN.md, hand-off rule 1).
+    tuning = "\n[tuning]\nnegative_ttl = 0.0\n"
     with open(path, "w") as f:
-        f.write(DEMO_TOML.format(base=base).replace('name = "demo"', f'name = "pipeline-{os.getpid()}"', 1))
+        f.write(DEMO_TOML.format(base=base).replace('name = "demo"', f'name = "pipeline-{os.getpid()}"', 1) + tuning)
     return path
 
 

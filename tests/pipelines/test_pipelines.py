@@ -33,7 +33,7 @@ from gmountpy.pipelines.runner import (
     run_single_directory,
 )
 
-from ..conftest import LocalCluster, require
+from ..conftest import FOUR_NODE_LINKS, FOUR_NODES, LocalCluster, fuse_problem, local_cluster, require
 
 MONTAGE_TILES = 4
 EVENT_DOCS = 8
@@ -49,6 +49,18 @@ def engine_problem(engine: str) -> str | None:
     if engine == "make":
         return None if shutil.which("make") else "GNU make is not installed"
     return None if importlib.util.find_spec("snakemake") else "snakemake is not installed"
+
+
+@pytest.fixture(scope="module")
+def cluster4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """4 nodes, 2 sites, without negative caching: make stats a target just before a job on another node
+    creates it, and a later job on make's node must not be told "no such file" from that stat (hand-off
+    rule 1 of DESIGN.md; with negative_ttl > 0 a short job such as mMakeHdr trips over it)."""
+    require("FUSE", fuse_problem())
+    base = tmp_path_factory.mktemp("pipelines")
+    with local_cluster(base, f"pl-{os.getpid()}", FOUR_NODES, FOUR_NODE_LINKS,
+                       tuning="attr_ttl = 0.5\nnegative_ttl = 0") as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="module")
