@@ -33,7 +33,14 @@ from gmountpy.pipelines.runner import (
     run_single_directory,
 )
 
-from ..conftest import FOUR_NODE_LINKS, FOUR_NODES, LocalCluster, fuse_problem, local_cluster, require
+from ..conftest import (
+    FOUR_NODE_LINKS,
+    FOUR_NODES,
+    LocalCluster,
+    fuse_problem,
+    local_cluster,
+    require,
+)
 
 MONTAGE_TILES = 4
 EVENT_DOCS = 8
