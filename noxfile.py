@@ -17,10 +17,10 @@ nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
 
 BASE_PACKAGES = ["fuse3", "libfuse3-dev", "pkg-config", "gcc", "python3-dev"]
-#: the tests run real sshd, make, the WAN harness (namespaces, iptables-legacy, the NFQUEUE delay program)
-#: and the reference pipelines (Montage executables)
-TEST_PACKAGES = ["openssh-server", "openssh-client", "make", "iproute2", "iptables", "util-linux",
+#: the tests run a real sshd and the WAN harness (namespaces, iptables-legacy, the NFQUEUE delay program)
+TEST_PACKAGES = ["openssh-server", "openssh-client", "iproute2", "iptables", "util-linux",
                  "libnetfilter-queue-dev", "libmnl-dev"]
+PIPELINE_PACKAGES = ["make", "montage"]  # the reference pipelines: GNU make and the Montage executables
 
 
 def _missing_debs(packages: list[str]) -> list[str]:
@@ -54,8 +54,8 @@ def install_project(session: nox.Session, extras: str = "") -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole test suite: real FUSE mounts, a real sshd, real make and snakemake runs, emulated WAN sites."""
-    ensure_system_packages(session, BASE_PACKAGES + TEST_PACKAGES)
-    install_project(session, "[test]")
+    ensure_system_packages(session, BASE_PACKAGES + TEST_PACKAGES + PIPELINE_PACKAGES)
+    install_project(session, "[test,pipelines,snakemake]")
     session.run("pytest", *(session.posargs or ["-q"]))
 
 
@@ -107,3 +107,27 @@ def bench_wan_session(session: nox.Session) -> None:
     """Only the WAN benchmarks, full size unless `-- --quick` (MooseFS joins if moosefs-* are installed)."""
     install_project(session)
     bench_wan(session, session.posargs)
+
+
+def _pipeline(session: nox.Session, name: str) -> None:
+    ensure_system_packages(session, BASE_PACKAGES + PIPELINE_PACKAGES)
+    install_project(session, "[pipelines,snakemake]")
+    session.run("gmount", "pipeline", name, *(session.posargs or ["--compare"]))
+
+
+@nox.session
+def montage(session: nox.Session) -> None:
+    """The Montage mosaic (16 tiles) on the embedded 4-node cluster: locality vs random vs one node.
+
+    Arguments go to `gmount pipeline montage`, e.g. `nox -s montage -- --tiles 64 --engine snakemake`.
+    """
+    _pipeline(session, "montage")
+
+
+@nox.session
+def event(session: nox.Session) -> None:
+    """Event recognition over 158 abstracts on the embedded 4-node cluster: locality vs random vs one node.
+
+    Arguments go to `gmount pipeline event`, e.g. `nox -s event -- --docs 16 --engine snakemake`.
+    """
+    _pipeline(session, "event")

@@ -287,6 +287,30 @@ class Cluster:
         from . import launch
         return ClusterStatus(self.name, tuple(blocking(launch.status, self.name)))
 
+    def counters(self) -> dict[str, dict[str, int]]:
+        """Bytes each node moved since its daemon started, local vs remote, per node.
+
+        `read_local`/`read_remote`: bytes the node's mount read from its own
+        export / from other nodes; `write_local`/`write_remote` likewise;
+        `served_read`/`served_write`: bytes peers read from / wrote to its
+        export. Page-cache hits never reach the daemon and are not counted.
+        Take two snapshots and subtract to measure one workflow.
+        """
+        names = list(self._state.spec.nodes)
+
+        async def main(conns: _Connections) -> dict[str, dict[str, int]]:
+            result: dict[str, dict[str, int]] = {}
+
+            async def one(node: str) -> None:
+                result[node] = dict(await conns.call(node, "counters"))
+
+            async with open_nursery() as nursery:
+                for node in names:
+                    nursery.start_soon(one, node)
+            return {node: result[node] for node in names}
+
+        return self._run(main)
+
     # -- where -------------------------------------------------------------------
 
     def where(self, paths: PathLike | Iterable[PathLike], from_node: str | Node | None = None) -> Locations:

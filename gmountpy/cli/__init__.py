@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "snakemake-profile": "snakemake_profile",
     "slurm-extra": "slurm_extra",
     "audit": "audit",
+    "pipeline": "pipeline",
 }
 
 

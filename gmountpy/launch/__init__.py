@@ -11,7 +11,7 @@ import asyncio
 import os
 import secrets
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .._sync import blocking
@@ -233,6 +233,7 @@ class NodeStatus:
     mountpoint: str
     up: bool
     detail: str
+    counters: dict[str, int] = field(default_factory=dict)  # IOCounters of the node; empty when down
 
 
 def status(name: str) -> list[NodeStatus]:
@@ -247,8 +248,9 @@ def status(name: str) -> list[NodeStatus]:
         mounted = os.path.ismount(record.mountpoint) if record.ssh is None else ok
         up_now = ok and mounted
         detail = "ok" if up_now else (answer if isinstance(answer, str) else "not mounted")
+        counters = answer.get("counters", {}) if isinstance(answer, dict) else {}
         result.append(NodeStatus(node, record.site, record.pid, f"{record.host}:{record.port}",
-                                 record.mountpoint, up_now, detail))
+                                 record.mountpoint, up_now, detail, dict(counters)))
     if state.spec.launcher == "ssh" and not all(n.up for n in result):
         result = _explain_over_ssh(state, result)
     return result

@@ -233,7 +233,7 @@ class NodeDaemon:
                 return str(expires(cert))
 
             extra["renew_tls"] = renew_tls
-            ops = GmountOperations(namespace, tuning.attr_ttl, tuning.negative_ttl)
+            ops = GmountOperations(namespace, tuning.attr_ttl, tuning.negative_ttl, service.counters)
 
             listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
 

@@ -23,6 +23,7 @@ from .export import Attr
 from .inodes import ROOT_INODE, InodeTable
 from .locator import AbsentForNow
 from .namespace import FileHandle, Namespace, join
+from .service import IOCounters
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +88,11 @@ class GmountOperations(pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = False
 
-    def __init__(self, namespace: Namespace, attr_ttl: float, negative_ttl: float = 0.0) -> None:
+    def __init__(self, namespace: Namespace, attr_ttl: float, negative_ttl: float = 0.0,
+                 counters: IOCounters | None = None) -> None:
         super().__init__()
         self.ns = namespace
+        self.counters = counters if counters is not None else IOCounters()
         self.ttl = attr_ttl
         self.negative_ttl = negative_ttl
         self.inodes = InodeTable()
@@ -336,11 +339,16 @@ class GmountOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        return await self.ns.read(self._files[fh], off, size)
+        handle = self._files[fh]
+        data = await self.ns.read(handle, off, size)
+        self.counters.mount_read(handle.fd is not None, len(data))  # fd: served from this node's export
+        return data
 
     @_fuse_errors
     async def write(self, fh: int, off: int, buf: bytes) -> int:
-        written = await self.ns.write(self._files[fh], off, buf)
+        handle = self._files[fh]
+        written = await self.ns.write(handle, off, buf)
+        self.counters.mount_write(handle.fd is not None, written)
         others = self._open.get(self._inode_of[fh], ())
         self.ns.drop_read_ahead(self._files[other] for other in others if other != fh)
         return written

@@ -163,6 +163,38 @@ class _Handles:
         self.listings.clear()
 
 
+class IOCounters:
+    """Bytes this node moved, by where they came from: the locality a workflow achieved.
+
+    `read_local`/`read_remote`: bytes this node's mount handed to its programs
+    from this node's export / from other nodes; `write_local`/`write_remote`
+    likewise for writes. `served_read`/`served_write`: bytes peers read from
+    or wrote to this node's export. Reads the kernel answers from its page
+    cache never reach the daemon and are not counted.
+    """
+
+    FIELDS = ("read_local", "read_remote", "write_local", "write_remote", "served_read", "served_write")
+
+    def __init__(self) -> None:
+        self.read_local = self.read_remote = self.write_local = self.write_remote = 0
+        self.served_read = self.served_write = 0
+
+    def mount_read(self, local: bool, size: int) -> None:
+        if local:
+            self.read_local += size
+        else:
+            self.read_remote += size
+
+    def mount_write(self, local: bool, size: int) -> None:
+        if local:
+            self.write_local += size
+        else:
+            self.write_remote += size
+
+    def snapshot(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.FIELDS}
+
+
 def _int(value: Any, name: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name} must be an integer, not {type(value).__name__}")
@@ -180,6 +212,7 @@ class NodeService:
         self.replicas = replicas if replicas is not None else ReplicaTable()
         self._remove_leftover_temporaries()
         self.info = info
+        self.counters = IOCounters()
         self._extra = extra or {}
         #: Told of every file a put finished, so this node's own lookups see it at once (the daemon
         #: points it at its locator).
@@ -230,7 +263,11 @@ class NodeService:
     # -- metadata ----------------------------------------------------------
 
     def op_ping(self) -> dict[str, Any]:
-        return {**self.info, "pid": os.getpid()}
+        return {**self.info, "pid": os.getpid(), "counters": self.counters.snapshot()}
+
+    def op_counters(self) -> dict[str, int]:
+        """This node's byte counters (see IOCounters)."""
+        return self.counters.snapshot()
 
     def op_lookup(self, path: str) -> Attr | None:
         """Attributes if this node holds `path`, None if not (a negative is not an error)."""
@@ -419,13 +456,17 @@ class NodeService:
         if not 0 <= _int(size, "size") <= MAX_IO:
             raise OSError(errno.EINVAL, f"read size {size} outside 0..{MAX_IO}")
         with handles.using(handle) as fd:
-            return await pread(fd, size, _int(offset, "offset"))
+            data = await pread(fd, size, _int(offset, "offset"))
+        self.counters.served_read += len(data)
+        return data
 
     async def op_write(self, handles: _Handles, handle: int, offset: int, data: bytes) -> int:
         if not isinstance(data, bytes) or len(data) > MAX_IO:
             raise OSError(errno.EINVAL, "write data must be bytes of at most 4 MiB")
         with handles.using(handle) as fd:
-            return await pwrite(fd, data, _int(offset, "offset"))
+            written = await pwrite(fd, data, _int(offset, "offset"))
+        self.counters.served_write += written
+        return written
 
     async def op_fsync(self, handles: _Handles, handle: int, datasync: bool) -> None:
         with handles.using(handle) as fd:
