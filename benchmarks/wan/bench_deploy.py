@@ -31,7 +31,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 def cluster_toml(work: Path, name: str, nodes: int) -> str:
     per_site = max(1, nodes // 4)
-    lines = [f'name = "{name}"',  "create_export = true", "[defaults]", f'export = "{work}/{{node}}/export"',
+    lines = [f'name = "{name}"', "create_export = true", "[defaults]", f'export = "{work}/{{node}}/export"',
              f'mountpoint = "{work}/{{node}}/mnt"', "[tuning]", "ready_timeout = 120"]
     for i in range(1, 5):
         lines += [f"[sites.s{i}]", "nodes = [" + ", ".join(f'"s{i}n{k}"' for k in range(per_site)) + "]"]

@@ -55,7 +55,7 @@ def log(message: str) -> None:
 
 
 def cluster_toml(work: Path, name: str) -> str:
-    lines = [f'name = "{name}"',  "create_export = true", "[defaults]", f'export = "{work}/gmount/{{node}}/export"',
+    lines = [f'name = "{name}"', "create_export = true", "[defaults]", f'export = "{work}/gmount/{{node}}/export"',
              f'mountpoint = "{work}/gmount/{{node}}/mnt"']
     for site, nodes in SITES.items():
         lines += [f"[sites.{site}]", "nodes = [" + ", ".join(f'"{n}"' for n in nodes) + "]"]

@@ -12,6 +12,7 @@ import functools
 import logging
 import os
 import stat
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -34,6 +35,8 @@ T = TypeVar("T")
 #: before answering. invalidate_entry blocks while an operation in that directory is in
 #: progress here (e.g. our own create, itself waiting for that peer): never wait forever.
 KERNEL_NOTIFY_WAIT = 0.5
+#: "not found" answers the kernel may still cache that this node tracks (to invalidate them on a create)
+MAX_NEGATIVES = 100_000
 
 
 def _version(attr: Attr) -> tuple[int, int, int]:
@@ -109,6 +112,10 @@ class GmountOperations(pyfuse3.Operations):
         # counts "created elsewhere" notices: a lookup that saw one while it ran does
         # not let the kernel cache its "not found"
         self._created_notices = 0
+        #: (parent inode, name) -> when the kernel's cached "not found" for it expires: only these
+        #: need invalidating when a peer creates the name (a kernel call contends for the directory's
+        #: lock, so calling it for every create anywhere would serialise creates cluster-wide)
+        self._negatives: dict[tuple[int, str], float] = {}
         # threads for kernel notifications; entries apart, as they can block on a busy directory
         self._entry_limiter = trio.CapacityLimiter(4)
         self._inode_limiter = trio.CapacityLimiter(4)
@@ -161,7 +168,8 @@ class GmountOperations(pyfuse3.Operations):
         except AbsentForNow:
             raise  # some node could not be asked: the kernel must not keep this answer
         except FileNotFoundError:
-            if self.negative_ttl <= 0 or notices != self._created_notices:
+            if (self.negative_ttl <= 0 or notices != self._created_notices
+                    or not self._remember_negative(parent_inode, os.fsdecode(name))):
                 raise  # a plain ENOENT is not cached by the kernel
             # st_ino 0: the kernel caches "no such file" for negative_ttl (PATH searches, imports, make)
             missing = pyfuse3.EntryAttributes()
@@ -184,18 +192,32 @@ class GmountOperations(pyfuse3.Operations):
         parent it knows and which have no inode here. Waits at most KERNEL_NOTIFY_WAIT.
         """
         self._created_notices += 1
+        now = time.monotonic()
         pairs = []
         while path != "/":
             parent, name = path.rsplit("/", 1)
             parent = parent or "/"
             parent_inode = self.inodes.inode(parent)
-            if parent_inode is not None and self.inodes.inode(path) is None:
+            if parent_inode is not None and self._negatives.pop((parent_inode, name), 0.0) > now:
                 pairs.append((parent_inode, name))
             path = parent
+        if not pairs:
+            return
         with trio.move_on_after(KERNEL_NOTIFY_WAIT):
             for parent_inode, name in reversed(pairs):
                 await trio.to_thread.run_sync(_invalidate_entry, parent_inode, name, abandon_on_cancel=True,
                                               limiter=self._entry_limiter)
+
+    def _remember_negative(self, parent_inode: int, name: str) -> bool:
+        """Note a "not found" the kernel will cache; False when too many are tracked (then say it uncached)."""
+        now = time.monotonic()
+        if len(self._negatives) >= MAX_NEGATIVES:  # bounded: drop what the kernel has expired already
+            self._negatives = {key: until for key, until in self._negatives.items() if until > now}
+            if len(self._negatives) >= MAX_NEGATIVES:
+                return False
+        # a little margin: the kernel's clock for the entry started when it got the reply
+        self._negatives[(parent_inode, name)] = now + self.negative_ttl + 1.0
+        return True
 
     @_fuse_errors
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:

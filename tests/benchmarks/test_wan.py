@@ -36,7 +36,7 @@ def cluster_file(base: Path, rtt_ms: float, nodes_per_site: int = 1) -> Path:
     name = f"wan-{uuid.uuid4().hex[:8]}"
     sites = {"east": [f"e{i}" for i in range(1, nodes_per_site + 1)],
              "west": [f"w{i}" for i in range(1, nodes_per_site + 1)]}
-    lines = [f'name = "{name}"',  "create_export = true", "[defaults]", f'export = "{base}/{{node}}/export"',
+    lines = [f'name = "{name}"', "create_export = true", "[defaults]", f'export = "{base}/{{node}}/export"',
              f'mountpoint = "{base}/{{node}}/mnt"', "[tuning]", "attr_ttl = 0.5", "negative_ttl = 0.5"]
     for site, nodes in sites.items():
         lines += [f"[sites.{site}]", "nodes = [" + ", ".join(f'"{n}"' for n in nodes) + "]"]

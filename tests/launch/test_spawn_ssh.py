@@ -23,8 +23,11 @@ def test_spawn_over_ssh_runs_there_and_stop_leaves_nothing(sshd: Sshd, tmp_path:
         done = cluster.spawn("echo $GMOUNT_NODE; pwd; echo to-stderr >&2; exit 5", on="n2", cwd="/work",
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         assert done.over_ssh
-        out, err = done.process.communicate(timeout=60)
-        assert done.poll() == 5, err
+        # not communicate(): closing the job's stdin is how a spawned SSH job is told to stop
+        assert done.wait(timeout=60) == 5
+        out, err = done.process.stdout.read(), done.process.stderr.read()  # a few bytes: the pipes held them
+        for pipe in (done.process.stdin, done.process.stdout, done.process.stderr):
+            pipe.close()
         assert out.decode().split() == ["n2", str(tmp_path / "n2" / "mnt" / "work")]
         assert b"to-stderr" in err
 
