@@ -35,7 +35,7 @@ def test_make_over_ssh_runs_each_recipe_on_the_holder_and_ctrl_c_stops_it_there(
         (mount / "Makefile").write_text(INCLUDE + (
             "out.txt: in.txt\n\ttr a-z A-Z < $< > $@\n\techo \"$$GMOUNT_NODE\" > $@.node\n"
             "bad: in.txt\n\techo to-stderr >&2; exit 7\n"
-            f"slow: in.txt\n\tsleep {token} & sleep {token}; wait\n"))
+            f"slow: in.txt\n\techo $$$$ > slow.pid; sleep {token} & sleep {token}; wait\n"))
 
         done = subprocess.run(["make", "out.txt"], cwd=mount, env=env(), capture_output=True, text=True,
                               timeout=180, check=False)
@@ -49,13 +49,14 @@ def test_make_over_ssh_runs_each_recipe_on_the_holder_and_ctrl_c_stops_it_there(
         assert bad.returncode == 2 and "Error 7" in bad.stderr and "to-stderr" in bad.stderr, bad.stderr
 
         daemons = set(daemon_pids(sshd))
+        pid_file = tmp_path / "n2" / "export" / "wf" / "slow.pid"  # the recipe runs in n2's mount
 
         def sleeping() -> list[int]:
             found = []
-            for pid in marked_pids(sshd.marker):
+            for entry in Path("/proc").iterdir():
                 try:
-                    if token.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                        found.append(pid)
+                    if entry.name.isdigit() and (entry / "cmdline").read_bytes() == b"sleep\0" + token.encode() + b"\0":
+                        found.append(int(entry.name))
                 except OSError:
                     pass
             return found
@@ -63,7 +64,9 @@ def test_make_over_ssh_runs_each_recipe_on_the_holder_and_ctrl_c_stops_it_there(
         slow = subprocess.Popen(["make", "slow"], cwd=mount, env=env(), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
         try:
-            assert wait_for(lambda: len(sleeping()) == 2, timeout=60), "the recipe never started on n2"
+            assert wait_for(lambda: pid_file.exists() and len(sleeping()) == 2, timeout=120), \
+                "the recipe never started on n2"
+            assert set(sleeping()) <= set(marked_pids(sshd.marker))  # started through sshd: over SSH
             os.killpg(slow.pid, signal.SIGINT)  # Ctrl-C in make's terminal: its whole process group
             slow.wait(timeout=60)
         finally:
