@@ -510,7 +510,7 @@ class NodeService:
         fd = handles.remove(handle)
         del handles.puts[handle]
         try:
-            written, digest = await off_loop(_sync_and_hash, fd)
+            written, digest = await off_loop(sync_and_hash, fd)
         except BaseException:
             os.close(fd)
             self._unlink_quietly(temporary)
@@ -558,7 +558,8 @@ class NodeService:
             pass
 
 
-def _sync_and_hash(fd: int) -> tuple[int, str]:
+def sync_and_hash(fd: int) -> tuple[int, str]:
+    """fsync, then (size, sha256) of what is on disk: the check before a verified rename into place."""
     os.fsync(fd)
     digest = hashlib.sha256()
     size = 0

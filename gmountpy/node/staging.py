@@ -13,7 +13,6 @@ while the source is unchanged.
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
 import os
 import time
@@ -24,7 +23,7 @@ from .._trio import open_nursery
 from .export import Attr, Export, off_loop
 from .namespace import Namespace
 from .replicas import STAGED_XATTR, Replica, staged_mark
-from .service import MAX_IO, NodeService
+from .service import MAX_IO, NodeService, sync_and_hash
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +102,7 @@ async def _copy(namespace: Namespace, source: str, attr: Attr, temporary: str, p
                 nursery.start_soon(worker)
         await off_loop(os.ftruncate, fd, attr.size)
         # Hash what actually landed on disk (this verifies our write path too), off the event loop.
-        size, digest = await off_loop(_hash_and_sync, fd)
+        size, digest = await off_loop(sync_and_hash, fd)
         os.fchmod(fd, attr.mode & 0o7777)
         os.utime(fd, ns=(attr.atime_ns, attr.mtime_ns))
     finally:
@@ -140,13 +139,3 @@ def _drop_old_copy(service: NodeService, path: str) -> None:
 def _rename_durably(export: Export, temporary: str, path: str) -> None:
     export.rename(temporary, path)
     export.sync_parent(path)
-
-
-def _hash_and_sync(fd: int) -> tuple[int, str]:
-    os.fsync(fd)
-    digest = hashlib.sha256()
-    size = 0
-    while block := os.pread(fd, 1 << 20, size):
-        digest.update(block)
-        size += len(block)
-    return size, digest.hexdigest()

@@ -31,8 +31,8 @@ def as_nobody(command: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def open_base() -> Iterator[Path]:
     """A directory other users may traverse (pytest's own tmp directories are root-only)."""
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("acting as another user needs root and setpriv")
+    require("acting as another user", None if os.geteuid() == 0 and shutil.which("setpriv")
+            else "needs root and setpriv (util-linux)")
     require("FUSE", fuse_problem())
     base = Path(tempfile.mkdtemp(prefix="gmount-other-", dir="/tmp"))
     base.chmod(0o755)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import LocalCluster, wait_for
+from ..conftest import LocalCluster, require, wait_for
 
 libc = ctypes.CDLL(None, use_errno=True)
 UTIME_NOW = (1 << 30) - 1
@@ -131,8 +131,8 @@ def test_hard_link_across_nodes_is_exdev_never_eperm(cluster4: LocalCluster) -> 
 
 
 def test_chown_and_lchown_as_a_root_daemon_locally_and_on_the_holder(cluster4: LocalCluster) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("changing owners to other users needs a root daemon (the test runs the daemons as you)")
+    require("chown to other users", None if os.geteuid() == 0
+            else "needs a root daemon (the test runs the daemons as you)")
     top = unique("chown")
     put(cluster4, "n3", f"{top}/remote.txt", b"r")
     (cluster4.mount("n1") / top).mkdir(exist_ok=True)
