@@ -10,9 +10,9 @@ from __future__ import annotations
 import html
 import posixpath
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from .errors import GmountError
@@ -156,10 +156,10 @@ class Holder:
 
     @property
     def mtime(self) -> datetime:
-        return datetime.fromtimestamp(self.mtime_ns / 1e9, tz=timezone.utc)
+        return datetime.fromtimestamp(self.mtime_ns / 1e9, tz=UTC)
 
     @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> Holder:
+    def from_wire(cls, data: Mapping[str, Any]) -> Holder:
         return cls(node=data["node"], site=data["site"], size=data["size"], mtime_ns=data["mtime_ns"],
                    mode=data["mode"], export_path=data["export_path"], rtt_ms=float(data["rtt_ms"]),
                    replica_of=data.get("replica_of"))
@@ -248,7 +248,7 @@ class Entry:
 
     @property
     def mtime(self) -> datetime:
-        return datetime.fromtimestamp(self.mtime_ns / 1e9, tz=timezone.utc)
+        return datetime.fromtimestamp(self.mtime_ns / 1e9, tz=UTC)
 
 
 @dataclass(frozen=True, repr=False)

@@ -46,6 +46,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar, Union
 import networkx as nx
 import trio
 
+from . import messages as msg
 from . import rpc
 from . import state as state_store
 from ._results import (
@@ -68,15 +69,15 @@ from ._results import (
     _normalize,
 )
 from ._sync import blocking
+from ._trio import open_nursery
 from .client import client_ssl
 from .config import ClusterSpec, load_spec
 from .errors import GmountError, PeerUnavailable
-from .node.export import Attr
+from .messages import R, Request
 from .overlay import Overlay
 from .placement import choose_node
 from .spawn import Spawned
 from .state import ClusterState, load_secret
-from ._trio import open_nursery
 
 if TYPE_CHECKING:
     from .fsspec import GmountFileSystem
@@ -144,6 +145,9 @@ class _Connections:
     async def call(self, node: str, op: str, *args: Any, timeout: float = 10.0) -> Any:
         client = await self._client(node)
         return await client.call(op, *args, timeout=timeout)
+
+    async def ask(self, node: str, request: Request[R], *, timeout: float = 10.0) -> R:
+        return request.decode(await self.call(node, request.op, *request.args(), timeout=timeout))
 
     async def _client(self, node: str) -> rpc.RpcClient:
         lock = self._locks.setdefault(node, trio.Lock())
@@ -264,7 +268,7 @@ class Cluster:
         return dict(self._state.spec.sites)
 
     @property
-    def graph(self) -> nx.Graph:
+    def graph(self) -> nx.Graph[str]:
         """The overlay's site graph (edges carry `rtt_ms`, sites their `nodes`); a copy, change it freely."""
         return self.overlay.graph.copy()
 
@@ -280,7 +284,8 @@ class Cluster:
 
     def _repr_html_(self) -> str:
         return self.nodes._repr_html_().replace(
-            "<caption style='text-align:left'>", f"<caption style='text-align:left'>cluster {html.escape(self.name)}: ", 1)
+            "<caption style='text-align:left'>",
+            f"<caption style='text-align:left'>cluster {html.escape(self.name)}: ", 1)
 
     def status(self) -> ClusterStatus:
         """Each node: up (daemon answers and is mounted) or down, and why."""
@@ -302,7 +307,7 @@ class Cluster:
             result: dict[str, dict[str, int]] = {}
 
             async def one(node: str) -> None:
-                result[node] = dict(await conns.call(node, "counters"))
+                result[node] = await conns.ask(node, msg.Counters())
 
             async with open_nursery() as nursery:
                 for node in names:
@@ -381,7 +386,7 @@ class Cluster:
             async def one(path: str, size: int, scope: trio.CancelScope) -> None:
                 async with limiter:
                     try:
-                        reply = await conns.call(target, "stage", path, timeout=60.0 + size / 20e6)
+                        reply = await conns.ask(target, msg.Stage(path), timeout=60.0 + size / 20e6)
                     except PeerUnavailable as exc:
                         fatal.append(GmountError(f"cannot stage to node {target}: {exc.strerror or exc}; "
                                                  "check it with `gmount status`"))
@@ -538,7 +543,7 @@ class Cluster:
             found = await self._where(conns, asking, ns_path)
             if found.nearest is not None:
                 raise FileExistsError(errno.EEXIST, f"{ns_path} exists (on node {found.nearest.node})")
-            await conns.call(target, "mkdir", ns_path, 0o755)
+            await conns.ask(target, msg.Mkdir(ns_path, 0o755))
             return target
 
         return self._run(main)
@@ -561,7 +566,7 @@ class Cluster:
                 if holder.is_dir != is_dir:
                     continue
                 try:
-                    await conns.call(holder.node, "rmdir" if is_dir else "unlink", ns_path)
+                    await conns.ask(holder.node, msg.Rmdir(ns_path) if is_dir else msg.Unlink(ns_path))
                 except FileNotFoundError:
                     continue
                 except OSError as exc:
@@ -578,8 +583,8 @@ class Cluster:
 
         async def main(conns: _Connections) -> tuple[int, str]:
             holder = _readable_holder(await self._where(conns, asking, ns_path))
-            size, digest = await conns.call(holder.node, "checksum", ns_path, timeout=60.0 + holder.size / 50e6)
-            return int(size), str(digest)
+            reply = await conns.ask(holder.node, msg.Checksum(ns_path), timeout=60.0 + holder.size / 50e6)
+            return reply.size, reply.sha256
 
         return self._run(main)
 
@@ -596,26 +601,27 @@ class Cluster:
 
         async def main(conns: _Connections) -> tuple[int, str]:
             holder = _readable_holder(await self._where(conns, asking, ns_path))
-            handle, attr = await conns.call(holder.node, "open", ns_path, os.O_RDONLY)
+            opened = await conns.ask(holder.node, msg.Open(ns_path, os.O_RDONLY))
             digest = hashlib.sha256()
             size = 0
             try:
                 with open(temporary, "wb") as out:
-                    while piece := await conns.call(holder.node, "read", handle, size, _READ_PIECE, timeout=60.0):
+                    while piece := await conns.ask(holder.node, msg.Read(opened.handle, size, _READ_PIECE),
+                                                   timeout=60.0):
                         out.write(piece)
                         digest.update(piece)
                         size += len(piece)
             finally:
                 with trio.CancelScope(shield=True):
                     try:
-                        await conns.call(holder.node, "close", handle)
+                        await conns.ask(holder.node, msg.Close(opened.handle))
                     except OSError:
                         pass
-            source = await conns.call(holder.node, "checksum", ns_path, timeout=60.0 + size / 50e6)
-            if (int(source[0]), str(source[1])) != (size, digest.hexdigest()):
+            source = await conns.ask(holder.node, msg.Checksum(ns_path), timeout=60.0 + size / 50e6)
+            if (source.size, source.sha256) != (size, digest.hexdigest()):
                 raise OSError(errno.EAGAIN, f"{ns_path} changed on node {holder.node} while it was copied "
-                                            f"({size} bytes read, {source[0]} there now); copy it again")
-            os.utime(temporary, ns=(Attr.from_wire(attr).atime_ns, Attr.from_wire(attr).mtime_ns))
+                                            f"({size} bytes read, {source.size} there now); copy it again")
+            os.utime(temporary, ns=(opened.attr.atime_ns, opened.attr.mtime_ns))
             return size, digest.hexdigest()
 
         try:
@@ -643,7 +649,7 @@ class Cluster:
             originals = [h.node for h in found.holders if h.replica_of is None]
             target = chosen or (originals[0] if originals else asking)
             try:
-                handle = await conns.call(target, "put_open", ns_path, mode & 0o7777)
+                handle = await conns.ask(target, msg.PutOpen(ns_path, mode & 0o7777))
             except OSError as exc:
                 if exc.errno == errno.ENOSYS:
                     raise GmountError(f"node {target} cannot take writes from outside its mount: its daemon "
@@ -656,7 +662,7 @@ class Cluster:
 
                 async def send(offset: int, piece: bytes) -> None:
                     try:
-                        await conns.call(target, "write", handle, offset, piece, timeout=60.0)
+                        await conns.ask(target, msg.Write(handle, offset, piece), timeout=60.0)
                     finally:
                         in_flight.release()
 
@@ -666,18 +672,18 @@ class Cluster:
                         await in_flight.acquire()
                         nursery.start_soon(send, size, piece)
                         size += len(piece)
-                await conns.call(target, "put_close", handle, size, digest.hexdigest(), timeout=60.0 + size / 20e6)
+                await conns.ask(target, msg.PutClose(handle, size, digest.hexdigest()), timeout=60.0 + size / 20e6)
             except BaseException:
                 with trio.CancelScope(shield=True):
                     try:
-                        await conns.call(target, "put_abort", handle)
+                        await conns.ask(target, msg.PutAbort(handle))
                     except OSError:
                         pass  # the handle's temporary file goes with the connection anyway
                 raise
             for holder in found.holders:  # the new file is the only one of that name
                 if holder.node != target and not holder.is_dir:
                     try:
-                        await conns.call(holder.node, "unlink", ns_path)
+                        await conns.ask(holder.node, msg.Unlink(ns_path))
                     except FileNotFoundError:
                         pass
             return target
@@ -742,13 +748,13 @@ class Cluster:
     # -- internals: async operations -------------------------------------------------
 
     async def _where(self, conns: _Connections, asking: str, path: str) -> FileLocations:
-        rows = await conns.call(asking, "where", path)
+        rows = await conns.ask(asking, msg.Where(path))
         return FileLocations(path, asking, tuple(Holder.from_wire(r) for r in rows))
 
     async def _listing(self, conns: _Connections, asking: str, path: str) -> Listing:
         """The asking node merges the listing exactly as its mount does (daemon op `ls`)."""
         try:
-            reply = await conns.call(asking, "ls", path)
+            reply = await conns.ask(asking, msg.Ls(path))
         except (FileNotFoundError, NotADirectoryError):
             found = await self._where(conns, asking, path)
             if found.nearest is None:
@@ -757,11 +763,10 @@ class Cluster:
             entry = Entry(posixpath.basename(path), path, _kind(h.mode), h.size, h.mtime_ns, h.node, found.nodes)
             return Listing(path, asking, (entry,), ())
         entries = []
-        for name, node, wire_attr, holders in sorted(reply["entries"]):
-            attr = Attr.from_wire(wire_attr)
-            entries.append(Entry(name, posixpath.join(path, name), _kind(attr.mode), attr.size, attr.mtime_ns,
-                                 node, tuple(holders)))
-        return Listing(path, asking, tuple(entries), tuple(reply["unreachable"]))
+        for e in sorted(reply.entries, key=lambda e: e.name):
+            entries.append(Entry(e.name, posixpath.join(path, e.name), _kind(e.attr.mode), e.attr.size,
+                                 e.attr.mtime_ns, e.node, e.holders))
+        return Listing(path, asking, tuple(entries), reply.unreachable)
 
     async def _expand_holders(self, conns: _Connections, asking: str,
                               paths: list[str]) -> tuple[list[FileLocations], list[str]]:
@@ -806,7 +811,8 @@ class Cluster:
                     files.append(item)
         return files, sorted(missing)
 
-    async def _expand(self, conns: _Connections, asking: str, paths: list[str]) -> tuple[list[tuple[str, int]], list[str]]:
+    async def _expand(self, conns: _Connections, asking: str,
+                      paths: list[str]) -> tuple[list[tuple[str, int]], list[str]]:
         found, missing = await self._expand_holders(conns, asking, paths)
         return [(f.path, f.nearest.size) for f in found if f.nearest is not None], missing
 
@@ -814,9 +820,10 @@ class Cluster:
         """Bytes [start, end) of `path` from `node`, several 4 MiB reads in flight."""
         if start < 0 or (end is not None and end < start):
             raise ValueError(f"bad byte range [{start}, {end})")
-        handle, attr = await conns.call(node, "open", path, os.O_RDONLY)
+        opened = await conns.ask(node, msg.Open(path, os.O_RDONLY))
+        handle = opened.handle
         try:
-            size = Attr.from_wire(attr).size
+            size = opened.attr.size
             stop = size if end is None else min(end, size)
             offsets = list(range(start, stop, _READ_PIECE))
             pieces: dict[int, bytes] = {}
@@ -824,8 +831,8 @@ class Cluster:
 
             async def piece(offset: int) -> None:
                 async with limiter:
-                    pieces[offset] = await conns.call(node, "read", handle, offset,
-                                                      min(_READ_PIECE, stop - offset), timeout=60.0)
+                    pieces[offset] = await conns.ask(node, msg.Read(handle, offset, min(_READ_PIECE, stop - offset)),
+                                                     timeout=60.0)
 
             async with open_nursery() as nursery:
                 for offset in offsets:
@@ -834,7 +841,7 @@ class Cluster:
         finally:
             with trio.CancelScope(shield=True):
                 try:
-                    await conns.call(node, "close", handle)
+                    await conns.ask(node, msg.Close(handle))
                 except OSError:
                     pass  # the handle dies with the connection anyway
 

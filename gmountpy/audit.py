@@ -7,6 +7,7 @@ the others) and the certificates. It never changes anything.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
 import stat
@@ -15,9 +16,11 @@ from typing import Any
 
 from . import state as state_store
 from ._trio import open_nursery
-from .client import call, run_sync
+from .client import ask as ask_node
+from .client import run_sync
 from .config import ClusterSpec, NodeSpec
 from .errors import GmountError
+from .messages import Lookup
 from .state import ClusterState
 from .tls import RENEW_WITHIN, expires, expiring
 
@@ -166,9 +169,11 @@ def _export_modes(spec: ClusterSpec, running: ClusterState | None) -> dict[str, 
 
     async def ask(state: ClusterState, node: str) -> None:
         try:
-            attr = await call(state, node, "lookup", "/", timeout=5.0)
-            modes[node] = int(attr[0])
-        except (OSError, GmountError, TypeError, IndexError) as exc:
+            attr = await ask_node(state, node, Lookup("/"), timeout=5.0)
+            if attr is None:
+                raise OSError(errno.ENOENT, f"node {node} has no export root")
+            modes[node] = attr.mode
+        except (OSError, GmountError) as exc:
             modes[node] = f"not checked: {exc}"
 
     async def ask_all() -> None:

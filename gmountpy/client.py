@@ -14,10 +14,11 @@ from typing import Any, TypeVar
 import trio
 
 from . import rpc
+from ._trio import open_nursery
 from .errors import PeerUnavailable
+from .messages import R, Request
 from .state import ClusterState, load_secret, load_tls
 from .tls import client_context
-from ._trio import open_nursery
 
 T = TypeVar("T")
 
@@ -48,6 +49,12 @@ async def call(state: ClusterState, node: str, op: str, *args: Any, timeout: flo
             return await client.call(op, *args, timeout=timeout)
         finally:
             await client.aclose()
+
+
+async def ask(state: ClusterState, node: str, request: Request[R], *, timeout: float = 10.0,
+              secret: bytes | None = None) -> R:
+    """`call` with a typed request (gmountpy.messages): the reply comes back checked and typed."""
+    return request.decode(await call(state, node, request.op, *request.args(), timeout=timeout, secret=secret))
 
 
 async def ping_all(state: ClusterState, timeout: float = 3.0) -> dict[str, dict[str, Any] | str]:

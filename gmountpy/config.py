@@ -12,6 +12,7 @@ import os
 import re
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
+from itertools import pairwise
 from typing import Any
 
 import networkx as nx
@@ -175,7 +176,8 @@ class ClusterSpec:
         _expect_table(data, "spec")
         required = ("name", "launcher", "intra_site_rtt_ms", "sites", "nodes", "links", "tuning", "source")
         # "ssh" is optional so that state files written before it existed still load.
-        _check_keys({k: v for k, v in data.items() if k not in ("ssh", "tls", "allow_other")}, required, "spec dict", required=True)
+        _check_keys({k: v for k, v in data.items() if k not in ("ssh", "tls", "allow_other")}, required, "spec dict",
+                    required=True)
         sites_raw = _expect_table(data["sites"], "sites")
         sites = {
             _check_name(site, f"sites.{site}", what="site name"): tuple(
@@ -285,7 +287,8 @@ def _parse(data: dict[str, Any], base_dir: str, source: str | None) -> ClusterSp
     overrides = _expect_table(data.get("nodes", {}), "nodes")
     for node_name, table in overrides.items():
         if node_name not in site_of:
-            raise SpecError(f"nodes.{node_name}: node {node_name!r} is not listed in any site (sites: {', '.join(sites)})")
+            raise SpecError(f"nodes.{node_name}: node {node_name!r} is not listed in any site "
+                            f"(sites: {', '.join(sites)})")
         table = _expect_table(table, f"nodes.{node_name}")
         _check_keys(table, _NODE_KEYS, f"[nodes.{node_name}]")
         for key, value in table.items():
@@ -466,13 +469,13 @@ def _validate_membership(spec: ClusterSpec) -> None:
     if len(listed) != len(spec.nodes):
         extra = sorted(set(spec.nodes) - {node for node, _ in listed})
         raise SpecError(f"nodes.{extra[0] if extra else '?'}: node is not listed in any site")
-    for name, node in spec.nodes.items():
-        if node.name != name:
-            raise SpecError(f"nodes.{name}: name field is {node.name!r}")
+    for name, node_spec in spec.nodes.items():
+        if node_spec.name != name:
+            raise SpecError(f"nodes.{name}: name field is {node_spec.name!r}")
 
 
 def _validate_links(spec: ClusterSpec) -> None:
-    graph = nx.Graph()
+    graph: nx.Graph[str] = nx.Graph()
     graph.add_nodes_from(spec.sites)
     seen: dict[frozenset[str], int] = {}
     for i, link in enumerate(spec.links):
@@ -486,7 +489,8 @@ def _validate_links(spec: ClusterSpec) -> None:
             raise SpecError(f"links[{i}].rtt_ms: must be > 0, got {link.rtt_ms!r}")
         pair = frozenset((a, b))
         if pair in seen:
-            raise SpecError(f"links[{i}].sites: duplicate link between {a!r} and {b!r} (already in links[{seen[pair]}])")
+            raise SpecError(f"links[{i}].sites: duplicate link between {a!r} and {b!r} "
+                            f"(already in links[{seen[pair]}])")
         seen[pair] = i
         graph.add_edge(a, b, rtt_ms=link.rtt_ms)
     first = next(iter(spec.sites))
@@ -494,7 +498,8 @@ def _validate_links(spec: ClusterSpec) -> None:
     for site in spec.sites:
         if site not in reachable:
             raise SpecError(
-                f"sites {first!r} and {site!r} are not connected by any [[links]] path: add a [[links]] entry with rtt_ms"
+                f"sites {first!r} and {site!r} are not connected by any [[links]] path: "
+                "add a [[links]] entry with rtt_ms"
             )
 
 
@@ -521,7 +526,7 @@ def _validate_shared_host(spec: ClusterSpec) -> None:
             for index, node in members
             for kind, path in (("export", node.export), ("mountpoint", node.mountpoint))
         )
-        for (parts_a, _, kind_a, a), (parts_b, _, kind_b, b) in zip(entries, entries[1:]):
+        for (parts_a, _, kind_a, a), (parts_b, _, kind_b, b) in pairwise(entries):
             path_a = getattr(a, kind_a)
             path_b = getattr(b, kind_b)
             if parts_a == parts_b:
@@ -624,7 +629,7 @@ def _check_name(value: Any, name: str, what: str = "name") -> str:
 def _check_launcher(value: Any) -> str:
     if value not in LAUNCHERS:
         raise SpecError(f"launcher: must be one of {', '.join(map(repr, LAUNCHERS))}, got {value!r}")
-    return value
+    return str(value)
 
 
 def _expect_table(value: Any, name: str) -> dict[str, Any]:

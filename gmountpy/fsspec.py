@@ -38,6 +38,7 @@ import errno
 import os
 import posixpath
 import tempfile
+from datetime import UTC
 from typing import Any
 
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
@@ -121,8 +122,8 @@ class GmountFileSystem(AbstractFileSystem):
         return _info(found)
 
     def modified(self, path: str) -> Any:
-        from datetime import datetime, timezone
-        return datetime.fromtimestamp(self.info(path)["mtime"], tz=timezone.utc)
+        from datetime import datetime
+        return datetime.fromtimestamp(self.info(path)["mtime"], tz=UTC)
 
     # -- data ------------------------------------------------------------------------
 
@@ -231,7 +232,8 @@ class GmountFile(AbstractBufferedFile):
             self.details = details
 
     def _initiate_upload(self) -> None:
-        self._spool = tempfile.SpooledTemporaryFile(max_size=64 * 1024 * 1024)
+        # open across _upload_chunk calls, closed by the final one: no `with` can span them
+        self._spool = tempfile.SpooledTemporaryFile(max_size=64 * 1024 * 1024)  # noqa: SIM115
 
     def _upload_chunk(self, final: bool = False) -> bool:
         self._spool.write(self.buffer.getvalue())

@@ -19,7 +19,7 @@ class Overlay:
 
     def __init__(self, spec: ClusterSpec) -> None:
         self.spec = spec
-        self.graph: nx.Graph = nx.Graph()
+        self.graph: nx.Graph[str] = nx.Graph()
         for site, names in spec.sites.items():
             self.graph.add_node(site, nodes=tuple(names))
         for link in spec.links:
@@ -34,7 +34,8 @@ class Overlay:
             missing = [other for other in spec.sites if other not in reach]
             if missing:
                 raise ValueError(f"sites {site!r} and {missing[0]!r} are not connected by any link")
-        self._tiers: dict[str, tuple[tuple[str, ...], ...]] = {node: self._compute_tiers(node) for node in self._site_of}
+        self._tiers: dict[str, tuple[tuple[str, ...], ...]] = {
+            node: self._compute_tiers(node) for node in self._site_of}
         self._order: dict[str, tuple[str, ...]] = {
             node: tuple(name for tier in tiers for name in tier) for node, tiers in self._tiers.items()
         }

@@ -130,7 +130,7 @@ Message = Request | Reply | ErrorReply | Hello
 
 
 def _frame(body: list[Any]) -> bytes:
-    payload = msgpack.packb(body, use_bin_type=True, unicode_errors=_UNICODE_ERRORS)
+    payload: bytes = msgpack.packb(body, use_bin_type=True, unicode_errors=_UNICODE_ERRORS)
     if len(payload) > MAX_FRAME:
         raise ValueError(f"frame of {len(payload)} bytes exceeds the {MAX_FRAME}-byte limit")
     return HEADER.pack(VERSION, len(payload)) + payload
@@ -190,9 +190,8 @@ def decode_body(payload: bytes) -> Message:
         _, id, errno, message = body
         if _is_id(id) and isinstance(errno, int) and isinstance(message, str):
             return ErrorReply(id, errno, message)
-    elif kind == HELLO and len(body) == 2:
-        if isinstance(body[1], dict):
-            return Hello(body[1])
+    elif kind == HELLO and len(body) == 2 and isinstance(body[1], dict):
+        return Hello(body[1])
     raise ProtocolError(f"malformed message of kind {kind!r}")
 
 
@@ -213,7 +212,7 @@ class FrameDecoder:
         """From the next frame on, check each frame's tag with `mac`."""
         self._mac = mac
 
-    def feed(self, data: bytes) -> list[Message]:
+    def feed(self, data: bytes | bytearray) -> list[Message]:
         self._buffer += data
         messages: list[Message] = []
         while len(self._buffer) >= HEADER.size:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 from rich.console import Console
@@ -31,7 +31,7 @@ def running_state(name: str) -> ClusterState:
 
 
 @contextmanager
-def live_node_table(title: str, headers: tuple[str, ...], rows: dict[str, tuple[str, ...]],
+def live_node_table(title: str, headers: tuple[str, ...], rows: Mapping[str, tuple[str, ...]],
                     styles: dict[str, str]) -> Iterator[Callable[[str, str], None]]:
     """A live table of nodes and their state while `up`/`down` run; yields the progress callback."""
     states = {name: "waiting" for name in rows}

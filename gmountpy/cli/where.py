@@ -1,15 +1,15 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import click
 from rich.table import Table
 
 from .. import state as state_store
-from ..client import call, run_sync
+from ..client import ask, run_sync
 from ..config import load_spec
 from ..errors import GmountError
+from ..messages import HolderRow, Where
 from ..state import ClusterState
 from ._common import console, running_state
 
@@ -39,11 +39,11 @@ def _resolve(path: str, cluster_file: str | None, node: str | None) -> tuple[Clu
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 def command(paths: tuple[str, ...], cluster_file: str | None, node: str | None, as_json: bool) -> None:
     """Print the nodes holding each PATH, nearest first."""
-    results: dict[str, list[dict[str, Any]]] = {}
+    results: dict[str, list[HolderRow]] = {}
     missing = []
     for path in paths:
         state, asking, inner = _resolve(path, cluster_file, node)
-        holders = run_sync(call, state, asking, "where", inner)
+        holders = run_sync(ask, state, asking, Where(inner))
         results[path] = holders
         if not holders:
             missing.append(path)

@@ -8,23 +8,25 @@ shared (orchestrate.py).
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import secrets
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from .. import state as state_store
 from .._sync import blocking
-from ..client import call, ping_all, run_sync
+from .._trio import open_nursery
+from ..client import ask, ping_all, run_sync
 from ..config import ClusterSpec
 from ..errors import GmountError
-from .. import state as state_store
-from .local import spawn_local, stop_local
-from .orchestrate import LaunchError, Progress, pid_is_daemon, start_cluster
+from ..messages import RenewTls, SetPeers
 from ..node.directories import directory_problems
 from ..state import ClusterState, NodeRecord
 from ..tls import ClusterCA, NodeCredentials, expiring
-from .._trio import open_nursery
+from .local import spawn_local, stop_local
+from .orchestrate import LaunchError, Progress, pid_is_daemon, start_cluster
 
 __all__ = ["ClusterState", "LaunchError", "NodeRecord", "NodeStatus", "down", "status", "up"]
 
@@ -33,7 +35,7 @@ T = TypeVar("T")
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
     """asyncio.run, also when called inside a running event loop (Jupyter): see _sync.blocking."""
-    return blocking(asyncio.run, coro)
+    return blocking(functools.partial(asyncio.run, coro))
 
 
 def up(spec: ClusterSpec, *, progress: Progress | None = None, keep_going: bool = False) -> ClusterState:
@@ -111,7 +113,7 @@ def _renew_certificates(existing: ClusterState, progress: Progress | None = None
 
     async def hand_over(node: str) -> None:
         try:
-            await call(existing, node, "renew_tls", renewed[node].cert, renewed[node].key)
+            await ask(existing, node, RenewTls(renewed[node].cert, renewed[node].key))
             answers[node] = None
             if progress is not None:
                 progress(node, "certificate renewed")
@@ -161,12 +163,12 @@ def _restart_crashed_nodes(existing: ClusterState, spec: ClusterSpec,
     records = {n: started.nodes[n] if n in started.nodes else alive[n] for n in spec.nodes}
     state = ClusterState(spec, records, existing.started)
     state_store.save(state, secret)
-    table = {n: [r.host, r.port] for n, r in records.items()}
+    table: dict[str, list[Any]] = {n: [r.host, r.port] for n, r in records.items()}
 
     async def tell_everyone() -> None:
         async with open_nursery() as nursery:
             for node in alive:
-                nursery.start_soon(call, state, node, "set_peers", table)
+                nursery.start_soon(ask, state, node, SetPeers(table))
 
     run_sync(tell_everyone)
     return state

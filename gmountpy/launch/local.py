@@ -15,8 +15,8 @@ import time
 
 from ..config import NodeSpec
 from ..errors import GmountError
-from .orchestrate import pid_is_daemon
 from ..state import ClusterState, NodeRecord
+from .orchestrate import pid_is_daemon
 
 
 class LocalProcess:

@@ -79,7 +79,7 @@ async def _expect(process: DaemonProcess, kind: str, timeout: float, log: str = 
             raise GmountError(silent)
         try:
             line = await asyncio.wait_for(process.read_line(), remaining)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise GmountError(silent) from None
         if not line:
             detail = (await process.error_output()).strip().splitlines()
@@ -90,7 +90,13 @@ async def _expect(process: DaemonProcess, kind: str, timeout: float, log: str = 
         if got == "ERROR":
             raise GmountError(payload)
         if got == kind:
-            return json.loads(payload)
+            try:
+                fields = json.loads(payload)
+            except ValueError:
+                fields = None
+            if not isinstance(fields, dict):
+                raise GmountError(f"daemon sent a malformed {kind} line: {payload[:200]!r}")
+            return fields
 
 
 async def start_cluster(

@@ -22,14 +22,14 @@ from dataclasses import dataclass
 import trio
 
 from .. import rpc
-from ..client import client_ssl
 from .. import state as state_store
+from .._trio import open_nursery
+from ..client import client_ssl
 from ..config import ClusterSpec, load_spec
 from ..errors import GmountError
 from ..state import ClusterState
 from . import _run
 from .ssh import SiteRtt, measure_site_rtts
-from .._trio import open_nursery
 
 __all__ = ["ProbeReport", "SiteRtt", "links_toml", "probe", "write_links"]
 

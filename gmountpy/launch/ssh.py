@@ -251,7 +251,7 @@ class SshPool:
             conn.close()
             try:
                 await asyncio.wait_for(conn.wait_closed(), 5)
-            except (asyncio.TimeoutError, asyncssh.Error, OSError):
+            except (TimeoutError, asyncssh.Error, OSError):
                 pass
         await asyncio.gather(*(close_one(link.conn) for link in self.links if link.conn is not None))
         for link in self.links:
@@ -397,7 +397,7 @@ class SshDaemonProcess:
     async def error_output(self) -> str:
         try:
             return await asyncio.wait_for(self._process.stderr.read(), 2.0)
-        except (asyncio.TimeoutError, asyncssh.Error, OSError):
+        except (TimeoutError, asyncssh.Error, OSError):
             return ""
 
     async def abort(self, pid: int | None) -> None:
@@ -418,7 +418,7 @@ class SshDaemonProcess:
             pass
         try:
             await asyncio.wait_for(self._process.wait_closed(), 5.0)
-        except (asyncio.TimeoutError, asyncssh.Error, OSError):
+        except (TimeoutError, asyncssh.Error, OSError):
             pass
         self._process.close()
 

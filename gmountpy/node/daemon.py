@@ -31,9 +31,11 @@ import pyfuse3
 import trio
 
 from .. import rpc
+from .._trio import open_nursery
 from .._version import __version__
 from ..config import ClusterSpec, NodeSpec
 from ..errors import GmountError
+from ..messages import StageReply
 from ..overlay import Overlay
 from ..tls import NodeCredentials, certificate_problem, client_context, expires, load_credentials, server_context
 from . import readahead
@@ -46,7 +48,6 @@ from .peers import PeerAddress, PeerPool
 from .replicas import ReplicaTable
 from .service import NodeService
 from .staging import stage_file
-from .._trio import open_nursery
 
 log = logging.getLogger("gmountpy.node")
 
@@ -95,7 +96,8 @@ def _prepare_dirs(node: NodeSpec) -> None:
         os.makedirs(mountpoint, exist_ok=True)
     except OSError as exc:
         if exc.errno == errno.ENOTCONN:  # a dead FUSE mount left behind
-            raise GmountError(f"mountpoint {mountpoint} is a stale mount: run `fusermount3 -u -z {mountpoint}`") from None
+            raise GmountError(f"mountpoint {mountpoint} is a stale mount: "
+                              f"run `fusermount3 -u -z {mountpoint}`") from None
         raise
     if os.listdir(mountpoint):
         raise GmountError(f"mountpoint {mountpoint} is not empty: choose an empty directory")
@@ -214,7 +216,7 @@ class NodeDaemon:
 
             extra["set_peers"] = set_peers
 
-            async def stage(path: str) -> dict[str, Any]:
+            async def stage(path: str) -> StageReply:
                 return await stage_file(namespace, service, path)
 
             extra["stage"] = stage

@@ -13,7 +13,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
 import pyfuse3
@@ -63,7 +63,7 @@ def _invalidate_inode(inode: int, attr_only: bool) -> None:
         log.info("could not invalidate the kernel's caches of inode %d: %s", inode, exc)
 
 
-def _fuse_errors(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+def _fuse_errors(func: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
     """OSError -> FUSEError(errno), and never let a bug kill the mount."""
 
     @functools.wraps(func)

@@ -19,10 +19,12 @@ from typing import Protocol
 
 import trio
 
+from .. import messages as msg
+from .._trio import open_nursery
 from ..errors import PeerUnavailable
+from ..messages import LocateReply, ReplicaSource
 from .export import Attr
 from .peers import PeerPool
-from .._trio import open_nursery
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +67,11 @@ class _Replies:
     """What the nodes asked about one path said: holders, errors, and who could not be asked."""
 
     def __init__(self) -> None:
-        self.found: dict[str, tuple[Attr, tuple[str, int, int] | None] | None] = {}
+        self.found: dict[str, LocateReply | None] = {}
         self.errors: dict[str, OSError] = {}       # answered, but not "here" or "not here"
         self.unreachable: dict[str, PeerUnavailable] = {}
 
-    def get(self, node: str) -> tuple[Attr, tuple[str, int, int] | None] | None:
+    def get(self, node: str) -> LocateReply | None:
         return self.found.get(node)
 
 
@@ -159,13 +161,13 @@ class FloodLocator:
                 reply = replies.get(node)
                 if reply is None:
                     continue
-                attr, replica = reply
+                replica = reply.replica
                 if replica is None:
-                    return Location(node, attr)
+                    return Location(node, reply.attr)
                 # A staged replica serves reads only on its own node, and only while
                 # its source is unchanged; elsewhere the source is the holder.
                 if node == self._peers.me and await self._replica_still_valid(path, replica):
-                    return Location(node, attr, replica_of=replica[0])
+                    return Location(node, reply.attr, replica_of=replica.node)
         # Nobody said "here". Only a unanimous "not here" is an answer that may be cached.
         if errors:
             node, error = min(errors.items(), key=lambda item: self.rank(item[0]))
@@ -180,17 +182,16 @@ class FloodLocator:
                                              f"({', '.join(sorted(unreachable))} unreachable)")
         return None
 
-    async def _replica_still_valid(self, path: str, replica: tuple[str, int, int]) -> bool:
-        source, size, mtime_ns = replica
+    async def _replica_still_valid(self, path: str, replica: ReplicaSource) -> bool:
         try:
-            value = await self._peers.call(source, "lookup", path)
+            attr = await self._peers.ask(replica.node, msg.Lookup(path))
         except OSError:
             return False  # cannot vouch for it: use the source (or fail) rather than risk stale data
-        if value is not None and (Attr.from_wire(value).size, Attr.from_wire(value).mtime_ns) == (size, mtime_ns):
+        if attr is not None and (attr.size, attr.mtime_ns) == (replica.size, replica.mtime_ns):
             return True
-        log.info("replica of %s from %s is stale; dropping it", path, source)
+        log.info("replica of %s from %s is stale; dropping it", path, replica.node)
         try:
-            await self._peers.call(self._peers.me, "drop_replica", path, size, mtime_ns)
+            await self._peers.ask(self._peers.me, msg.DropReplica(path, replica.size, replica.mtime_ns))
         except OSError as exc:
             log.warning("could not drop stale replica %s: %s", path, exc)
         return False
@@ -216,14 +217,14 @@ class FloodLocator:
             reply = replies.get(node)
             if reply is None:
                 continue
-            attr, replica = reply
+            replica = reply.replica
             if replica is None:
-                found.append(Location(node, attr))
+                found.append(Location(node, reply.attr))
                 continue
-            source_reply = replies.get(replica[0])
-            if source_reply is not None and source_reply[1] is None and \
-                    (source_reply[0].size, source_reply[0].mtime_ns) == (replica[1], replica[2]):
-                found.append(Location(node, attr, replica_of=replica[0]))
+            source_reply = replies.get(replica.node)
+            if source_reply is not None and source_reply.replica is None and \
+                    (source_reply.attr.size, source_reply.attr.mtime_ns) == (replica.size, replica.mtime_ns):
+                found.append(Location(node, reply.attr, replica_of=replica.node))
         if not found and not replies.unreachable and not replies.errors:
             self._remember_negative(path)
         return found
@@ -236,20 +237,12 @@ class FloodLocator:
             if node != self._peers.me:
                 self._remote += 1
             try:
-                value = await self._peers.call(node, "locate", path)
+                replies.found[node] = await self._peers.ask(node, msg.Locate(path))
             except PeerUnavailable as exc:
                 replies.unreachable[node] = exc
-                return
             except OSError as exc:
                 log.info("lookup of %s on %s failed: %s", path, node, exc)
                 replies.errors[node] = exc
-                return
-            if value is None:
-                replies.found[node] = None
-            else:
-                attr, replica = value
-                replies.found[node] = (Attr.from_wire(attr), None if replica is None else
-                                       (str(replica[0]), int(replica[1]), int(replica[2])))
 
         async with open_nursery() as nursery:
             for node in nodes:

@@ -29,17 +29,18 @@ import os
 import stat
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import trio
 
+from .. import messages as msg
+from .._trio import open_nursery
 from ..errors import PeerUnavailable
+from ..messages import DirEntry
 from .export import Attr, Export, off_loop, pread, pwrite, split_path
 from .locator import AbsentForNow, Location, Locator
 from .peers import PeerPool
 from .readahead import ReadAhead
 from .service import LISTDIR_MAX, MAX_IO
-from .._trio import open_nursery
 
 XATTR_PREFIX = "user.gmount."
 VIRTUAL_XATTRS = ("user.gmount.node", "user.gmount.site", "user.gmount.where", "user.gmount.local_path")
@@ -63,6 +64,13 @@ class FileHandle:
     remote: int | None = None    # the holder's handle id otherwise
     wrote: bool = False
     reader: ReadAhead | None = None  # sequential read-ahead, remote handles only
+
+    @property
+    def remote_handle(self) -> int:
+        """The holder's handle id, for a file open on another node."""
+        if self.remote is None:
+            raise OSError(errno.EBADF, f"{self.path} is open on this node ({self.node}), not through a peer")
+        return self.remote
 
 
 @dataclass(frozen=True)
@@ -118,13 +126,13 @@ class Namespace:
 
     async def merged_listing(self, path: str) -> MergedListing:
         """The merged listing with, for each name, every node that holds it, and who did not answer."""
-        listings: dict[str, list[Any]] = {}
+        listings: dict[str, list[DirEntry]] = {}
         unreachable: list[str] = []
 
         async def fetch(node: str) -> None:
             try:
                 try:
-                    entries = await self.peers.call(node, "listdir", path)
+                    entries = await self.peers.ask(node, msg.Listdir(path))
                 except OSError as exc:
                     if exc.errno != errno.EFBIG:
                         raise
@@ -151,40 +159,39 @@ class Namespace:
         holders: dict[str, list[str]] = {}
         for node in self.locator.order:
             for entry in listings.get(node, ()):
-                name, attr = entry[0], entry[1]
-                if len(entry) > 2 and node != self.me:
+                name = entry.name
+                if entry.replica_of is not None and node != self.me:
                     continue  # a staged replica serves only its own node
                 holders.setdefault(name, []).append(node)
                 if name in merged:
                     continue
-                if len(entry) > 2:
-                    merged[name] = Location(node, Attr.from_wire(attr), replica_of=entry[2])
+                if entry.replica_of is not None:
+                    merged[name] = Location(node, entry.attr, replica_of=entry.replica_of)
                     continue
-                merged[name] = Location(node, Attr.from_wire(attr))
+                merged[name] = Location(node, entry.attr)
                 self.locator.learn(join(path, name), merged[name])
         entries = [ListingEntry(name, location, tuple(holders[name])) for name, location in merged.items()]
         return MergedListing(entries, sorted(unreachable, key=self.locator.rank))
 
-    async def _listdir_in_pages(self, node: str, path: str) -> list[Any] | None:
+    async def _listdir_in_pages(self, node: str, path: str) -> list[DirEntry] | None:
         """A directory too big for one reply: page through a snapshot the holder keeps for us."""
-        opened = await self.peers.call(node, "opendir", path)
+        opened = await self.peers.ask(node, msg.Opendir(path))
         if opened is None:
             return None
-        handle, count = opened
-        entries: list[Any] = []
+        entries: list[DirEntry] = []
         try:
-            while len(entries) < count:
-                page = await self.peers.call(node, "readdir", handle, len(entries), LISTDIR_MAX)
+            while len(entries) < opened.count:
+                page = await self.peers.ask(node, msg.Readdir(opened.handle, len(entries), LISTDIR_MAX))
                 if not page:
                     break
                 entries.extend(page)
         finally:
-            await self.peers.call(node, "closedir", handle)
+            await self.peers.ask(node, msg.Closedir(opened.handle))
         return entries
 
     async def readlink(self, path: str) -> str:
         location = await self.lookup(path)
-        return await self.peers.call(location.node, "readlink", path)
+        return await self.peers.ask(location.node, msg.Readlink(path))
 
     async def statfs(self) -> tuple[int, ...]:
         """This node's export: creates land here, so its free space is what a writer has."""
@@ -197,11 +204,11 @@ class Namespace:
         location = await self.lookup(path)
         if location.replica_of is None:
             return location
-        attr = await self.peers.call(location.replica_of, "lookup", path)
+        attr = await self.peers.ask(location.replica_of, msg.Lookup(path))
         if attr is None:
             self.locator.invalidate(path)
             raise _enoent(path)
-        return Location(location.replica_of, Attr.from_wire(attr))
+        return Location(location.replica_of, attr)
 
     async def open(self, path: str, flags: int) -> FileHandle:
         """Open at the holder; the handle's attributes are the holder's, fresh (close-to-open)."""
@@ -224,8 +231,8 @@ class Namespace:
                   else self.export.open(path, flags))
             opened = FileHandle(path, self.me, Attr.from_stat(os.fstat(fd)), fd=fd)
         else:
-            handle, attr = await self.peers.call(location.node, "open", path, flags)
-            opened = FileHandle(path, location.node, Attr.from_wire(attr), remote=handle)
+            reply = await self.peers.ask(location.node, msg.Open(path, flags))
+            opened = FileHandle(path, location.node, reply.attr, remote=reply.handle)
             if self._nursery is not None:
                 reader = opened
                 opened.reader = ReadAhead(lambda off, size: self._read_remote(reader, off, size), self._nursery)
@@ -265,7 +272,7 @@ class Namespace:
         async def tell(node: str) -> None:
             try:
                 with trio.move_on_after(ANNOUNCE_TIMEOUT):
-                    await self.peers.call(node, "created", path, is_dir)
+                    await self.peers.ask(node, msg.Created(path, is_dir))
             except OSError as exc:
                 log.info("could not tell %s that %s was created: %s", node, path, exc)
 
@@ -301,10 +308,11 @@ class Namespace:
     async def _read_remote(self, handle: FileHandle, offset: int, size: int) -> bytes:
         """Read from the holder at exactly this offset (one RPC per MAX_IO)."""
         if size <= MAX_IO:
-            return await self.peers.call(handle.node, "read", handle.remote, offset, size)
+            return await self.peers.ask(handle.node, msg.Read(handle.remote_handle, offset, size))
         chunks = []
         for start in range(offset, offset + size, MAX_IO):
-            chunk = await self.peers.call(handle.node, "read", handle.remote, start, min(MAX_IO, offset + size - start))
+            piece = msg.Read(handle.remote_handle, start, min(MAX_IO, offset + size - start))
+            chunk = await self.peers.ask(handle.node, piece)
             chunks.append(chunk)
             if len(chunk) < MAX_IO:
                 break
@@ -327,19 +335,19 @@ class Namespace:
         view = memoryview(data)
         while written < len(data):
             piece = bytes(view[written:written + MAX_IO])
-            written += await self.peers.call(handle.node, "write", handle.remote, offset + written, piece)
+            written += await self.peers.ask(handle.node, msg.Write(handle.remote_handle, offset + written, piece))
         return written
 
     async def fsync(self, handle: FileHandle, datasync: bool) -> None:
         if handle.fd is not None:
             await off_loop(os.fdatasync if datasync else os.fsync, handle.fd)
         else:
-            await self.peers.call(handle.node, "fsync", handle.remote, datasync)
+            await self.peers.ask(handle.node, msg.Fsync(handle.remote_handle, datasync))
 
     async def fstat(self, handle: FileHandle) -> Attr:
         if handle.fd is not None:
             return Attr.from_stat(os.fstat(handle.fd))
-        return Attr.from_wire(await self.peers.call(handle.node, "fstat", handle.remote))
+        return await self.peers.ask(handle.node, msg.Fstat(handle.remote_handle))
 
     async def release(self, handle: FileHandle, *, named: bool = True) -> Attr | None:
         """Close the handle; if it wrote, return the file's final attributes (None if unknown).
@@ -361,10 +369,10 @@ class Namespace:
             handle.reader.close()
         try:
             if handle.wrote:
-                final = Attr.from_wire(await self.peers.call(handle.node, "fstat", handle.remote))
+                final = await self.peers.ask(handle.node, msg.Fstat(handle.remote_handle))
                 if path is not None:
                     self.locator.invalidate(path)
-            await self.peers.call(handle.node, "close", handle.remote)
+            await self.peers.ask(handle.node, msg.Close(handle.remote_handle))
         except OSError:
             pass  # the holder is gone; its side closed with the connection
         return final
@@ -403,7 +411,7 @@ class Namespace:
         try:
             for location in holders:
                 if not location.attr.is_dir:
-                    await self.peers.call(location.node, "unlink", path)
+                    await self.peers.ask(location.node, msg.Unlink(path))
         finally:
             if any(location.attr.is_dir for location in holders):
                 self.locator.invalidate(path)  # a directory of that name remains elsewhere
@@ -416,7 +424,7 @@ class Namespace:
             raise _enoent(path)
         try:
             for location in holders:
-                await self.peers.call(location.node, "rmdir", path)
+                await self.peers.ask(location.node, msg.Rmdir(path))
         finally:
             self.locator.note_removed(path)
 
@@ -450,13 +458,13 @@ class Namespace:
         for target in targets:
             if target.attr.is_dir:
                 raise IsADirectoryError(errno.EISDIR, f"{dst} is a directory (on node {target.node})")
-        await self.peers.call(holder, "rename", src, dst)
+        await self.peers.ask(holder, msg.Rename(src, dst))
         for location in sources[1:]:
             if not location.attr.is_dir:
-                await self.peers.call(location.node, "unlink", src)
+                await self.peers.ask(location.node, msg.Unlink(src))
         for location in targets:
             if location.node != holder:
-                await self.peers.call(location.node, "unlink", dst)
+                await self.peers.ask(location.node, msg.Unlink(dst))
 
     async def _rename_dir(self, src: str, dst: str, sources: list[Location], targets: list[Location]) -> None:
         source_nodes = {loc.node for loc in sources if loc.attr.is_dir}
@@ -466,11 +474,11 @@ class Namespace:
             if target.node not in source_nodes:
                 raise OSError(errno.EXDEV, f"{dst} exists on node {target.node}, which lacks {src}")
         for target in targets:  # rename(2) semantics: check everywhere first, then change anything
-            if await self.peers.call(target.node, "listdir", dst):
+            if await self.peers.ask(target.node, msg.Listdir(dst)):
                 raise OSError(errno.ENOTEMPTY, f"{dst} is not empty (on node {target.node})")
         for location in sources:
             if location.attr.is_dir:
-                await self.peers.call(location.node, "rename", src, dst)
+                await self.peers.ask(location.node, msg.Rename(src, dst))
 
     async def setattr(self, path: str, *, mode: int | None = None, size: int | None = None,
                       atime_ns: int | None = None, mtime_ns: int | None = None,
@@ -482,15 +490,15 @@ class Namespace:
                 await off_loop(os.ftruncate, handle.fd, size)
                 attr = Attr.from_stat(os.fstat(handle.fd))
             elif handle is not None:
-                attr = Attr.from_wire(await self.peers.call(node, "ftruncate", handle.remote, size))
+                attr = await self.peers.ask(node, msg.Ftruncate(handle.remote_handle, size))
                 if handle.reader is not None:
                     handle.reader.invalidate()
             else:
-                attr = Attr.from_wire(await self.peers.call(node, "truncate", path, size))
+                attr = await self.peers.ask(node, msg.Truncate(path, size))
         if mode is not None:
-            attr = Attr.from_wire(await self.peers.call(node, "chmod", path, stat.S_IMODE(mode)))
+            attr = await self.peers.ask(node, msg.Chmod(path, stat.S_IMODE(mode)))
         if atime_ns is not None or mtime_ns is not None:
-            attr = Attr.from_wire(await self.peers.call(node, "utimens", path, atime_ns, mtime_ns))
+            attr = await self.peers.ask(node, msg.Utimens(path, atime_ns, mtime_ns))
         if attr is None:
             attr = (await self.lookup(path)).attr
         self.locator.learn(path, Location(node, attr))
@@ -502,7 +510,7 @@ class Namespace:
         if name in VIRTUAL_XATTRS:
             return await self._virtual_xattr(path, name)
         location = await self.lookup(path)
-        return await self.peers.call(location.node, "getxattr", path, name)
+        return await self.peers.ask(location.node, msg.Getxattr(path, name))
 
     async def _virtual_xattr(self, path: str, name: str) -> bytes:
         if name == "user.gmount.where":
@@ -523,7 +531,7 @@ class Namespace:
     async def listxattr(self, path: str) -> list[str]:
         location = await self.lookup(path)
         try:
-            names = await self.peers.call(location.node, "listxattr", path)
+            names = await self.peers.ask(location.node, msg.Listxattr(path))
         except OSError:
             names = []
         virtual = [n for n in VIRTUAL_XATTRS if n != "user.gmount.local_path" or location.node == self.me]
@@ -533,13 +541,13 @@ class Namespace:
         if name.startswith(XATTR_PREFIX):
             raise PermissionError(errno.EPERM, f"{name} is maintained by gmount and read-only")
         location = await self._original(path)
-        await self.peers.call(location.node, "setxattr", path, name, value)
+        await self.peers.ask(location.node, msg.Setxattr(path, name, value))
 
     async def removexattr(self, path: str, name: str) -> None:
         if name.startswith(XATTR_PREFIX):
             raise PermissionError(errno.EPERM, f"{name} is maintained by gmount and read-only")
         location = await self._original(path)
-        await self.peers.call(location.node, "removexattr", path, name)
+        await self.peers.ask(location.node, msg.Removexattr(path, name))
 
     # -- special files, hard links, owners (additive: kept apart from the handlers above) ----------
 
@@ -580,6 +588,6 @@ class Namespace:
         """lchown on the file's holder (a replica's source); -1 keeps an id. The holder's
         file system decides: root daemons may, others only as its rules allow (EPERM)."""
         location = await self._original(path)
-        attr = Attr.from_wire(await self.peers.call(location.node, "chown", path, uid, gid))
+        attr = await self.peers.ask(location.node, msg.Chown(path, uid, gid))
         self.locator.learn(path, Location(location.node, attr))
         return attr

@@ -21,6 +21,7 @@ import trio
 
 from .. import rpc
 from ..errors import PeerUnavailable
+from ..messages import R, Request
 from .service import NodeService
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,10 @@ class PeerPool:
         except PeerUnavailable as exc:
             self._mark_down(node, exc.reason)
             raise
+
+    async def ask(self, node: str, request: Request[R], *, timeout: float | None = None) -> R:
+        """`call` with a typed request (gmountpy.messages): the reply comes back checked and typed."""
+        return request.decode(await self.call(node, request.op, *request.args(), timeout=timeout))
 
     async def _client(self, node: str) -> rpc.RpcClient:
         peer = self._peers.get(node)

@@ -139,9 +139,10 @@ class ReadAhead:
 
     def _prefetch(self, start: int) -> None:
         for index in range(start, start + AHEAD):
-            if index not in self._blocks and index not in self._pending:
-                if self._start(index) is None:
-                    break
+            if index in self._blocks or index in self._pending:
+                continue
+            if self._start(index) is None:
+                break
 
     def _start(self, index: int, explicit: bool = False) -> _Pending | None:
         """Fetch a block in the background; None past the end seen so far (unless asked for) or without budget."""

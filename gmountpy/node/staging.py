@@ -17,9 +17,10 @@ import logging
 import os
 import time
 import uuid
-from typing import Any
 
+from .. import messages as msg
 from .._trio import open_nursery
+from ..messages import StageReply
 from .export import Attr, Export, off_loop
 from .namespace import Namespace
 from .replicas import STAGED_XATTR, Replica, staged_mark
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 IN_FLIGHT = 4
 
 
-async def stage_file(namespace: Namespace, service: NodeService, path: str) -> dict[str, Any]:
+async def stage_file(namespace: Namespace, service: NodeService, path: str) -> StageReply:
     started = time.monotonic()
     holders = await namespace.where(path)
     originals = [loc for loc in holders if loc.replica_of is None]
@@ -60,9 +61,9 @@ async def stage_file(namespace: Namespace, service: NodeService, path: str) -> d
     await off_loop(service.replicas.begin_staging, temporary, path)
     try:
         size, digest = await _copy(namespace, source.node, source.attr, temporary, path)
-        source_size, source_digest = await namespace.peers.call(source.node, "checksum", path)
-        after = Attr.from_wire(await namespace.peers.call(source.node, "lookup", path))
-        if (source_size, source_digest) != (size, digest) or \
+        source_sum = await namespace.peers.ask(source.node, msg.Checksum(path))
+        after = await namespace.peers.ask(source.node, msg.Lookup(path))
+        if (source_sum.size, source_sum.sha256) != (size, digest) or after is None or \
                 (after.size, after.mtime_ns) != (source.attr.size, source.attr.mtime_ns):
             raise OSError(errno.EAGAIN, f"{path} changed on node {source.node} while it was copied; stage it again")
         local = await off_loop(namespace.export.lstat, temporary)
@@ -87,14 +88,14 @@ async def stage_file(namespace: Namespace, service: NodeService, path: str) -> d
 async def _copy(namespace: Namespace, source: str, attr: Attr, temporary: str, path: str) -> tuple[int, str]:
     """Pull `path` from `source` into `temporary` here; (size, sha256) of what landed on disk."""
     peers, export = namespace.peers, namespace.export
-    handle, _ = await peers.call(source, "open", path, os.O_RDONLY)
+    handle = (await peers.ask(source, msg.Open(path, os.O_RDONLY))).handle
     fd = await off_loop(export.create, temporary, os.O_RDWR | os.O_EXCL, 0o600)
     try:
         offsets = iter(range(0, attr.size, MAX_IO))
 
         async def worker() -> None:
             for offset in offsets:  # shared iterator: each worker takes the next piece
-                data = await peers.call(source, "read", handle, offset, MAX_IO, timeout=60)
+                data = await peers.ask(source, msg.Read(handle, offset, MAX_IO), timeout=60)
                 await off_loop(os.pwrite, fd, data, offset)
 
         async with open_nursery() as nursery:
@@ -108,7 +109,7 @@ async def _copy(namespace: Namespace, source: str, attr: Attr, temporary: str, p
     finally:
         os.close(fd)
         try:
-            await peers.call(source, "close", handle)
+            await peers.ask(source, msg.Close(handle))
         except OSError:
             pass
     return size, digest

@@ -86,7 +86,7 @@ class _Running:
 
 class Executor(RemoteExecutor):
     def __post_init__(self) -> None:
-        settings: Optional[ExecutorSettings] = self.workflow.executor_settings  # type: ignore[assignment]
+        settings: Optional[ExecutorSettings] = self.workflow.executor_settings
         self.settings = settings if settings is not None else ExecutorSettings()
         cwd = os.getcwd()
         try:
@@ -181,7 +181,7 @@ class Executor(RemoteExecutor):
 
     async def check_active_jobs(self, active_jobs: list[SubmittedJobInfo]) -> AsyncGenerator[SubmittedJobInfo, None]:
         for job_info in active_jobs:
-            running: _Running = job_info.aux["gmount"]  # type: ignore[index]
+            running: _Running = job_info.aux["gmount"]
             status = running.spawned.poll()
             if status is None:
                 yield job_info
@@ -203,13 +203,13 @@ class Executor(RemoteExecutor):
 
     def cancel_jobs(self, active_jobs: list[SubmittedJobInfo]) -> None:
         """Stop every running job (SIGTERM to its process group, SIGKILL after the grace time)."""
-        jobs: list[tuple[SubmittedJobInfo, _Running]] = [(j, j.aux["gmount"]) for j in active_jobs  # type: ignore[index]
+        jobs: list[tuple[SubmittedJobInfo, _Running]] = [(j, j.aux["gmount"]) for j in active_jobs
                                                           if j.aux and "gmount" in j.aux]
         if not jobs:
             return
         with ThreadPoolExecutor(max_workers=min(32, len(jobs))) as pool:
             statuses = list(pool.map(lambda item: item[1].spawned.stop(self.settings.stop_grace), jobs))
-        for (job_info, running), status in zip(jobs, statuses):
+        for (job_info, running), status in zip(jobs, statuses, strict=True):
             self._log(job_info.job, running, status, cancelled=True)
 
     # -- the placement log --------------------------------------------------------------

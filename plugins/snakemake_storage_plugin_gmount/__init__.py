@@ -47,7 +47,7 @@ from snakemake_interface_storage_plugins.storage_provider import (
 )
 
 from gmountpy import GmountError
-from gmountpy.api import Cluster, FileLocations
+from gmountpy.api import Cluster, FileLocations, Holder
 from gmountpy.state import all_states
 
 SCHEME = "gmount"
@@ -89,7 +89,7 @@ class StorageProvider(StorageProviderBase):
 
     def cluster(self, name: str) -> Cluster:
         """The cluster of a query (its host part, else --storage-gmount-cluster, else the only running one)."""
-        settings: Optional[StorageProviderSettings] = self.settings  # type: ignore[assignment]
+        settings: Optional[StorageProviderSettings] = self.settings
         key = name or (settings.cluster if settings and settings.cluster else "")
         with self._lock:
             found = self._clusters.get(key)
@@ -101,7 +101,7 @@ class StorageProvider(StorageProviderBase):
             return found
 
     def node(self, cluster: Cluster) -> Optional[str]:
-        settings: Optional[StorageProviderSettings] = self.settings  # type: ignore[assignment]
+        settings: Optional[StorageProviderSettings] = self.settings
         return settings.node if settings and settings.node else None
 
     @classmethod
@@ -183,7 +183,7 @@ class StorageObject(StorageObjectRead, StorageObjectWrite, StorageObjectGlob):
         nearest = self._nearest()
         return 0 if nearest.is_dir else nearest.size
 
-    def _nearest(self) -> Any:
+    def _nearest(self) -> Holder:
         found = self._found()
         if not found.holders:
             raise FileNotFoundError(errno.ENOENT, f"no node of cluster {self.cluster.name!r} holds {self.path}")

@@ -77,7 +77,8 @@ def _other_sentence(rng: random.Random) -> str:
         return f"These results suggest a novel mechanism in the pathogenesis of {disease}."
     if form == 3:
         return f"Little is known about the role of {a} in {disease}."
-    return f"Levels of {a} were elevated in {rng.randint(12, 240)} patients with {disease} (P < 0.0{rng.randint(1, 5)})."
+    return (f"Levels of {a} were elevated in {rng.randint(12, 240)} patients with {disease} "
+            f"(P < 0.0{rng.randint(1, 5)}).")
 
 
 def abstract(pmid: int, rng: random.Random) -> str:

@@ -85,9 +85,11 @@ def compare(ours: Callable[[str], bytes], reference: Callable[[str], bytes]) -> 
     with fits.open(io.BytesIO(ours("mosaic.fits"))) as a, fits.open(io.BytesIO(reference("mosaic.fits"))) as b:
         x, y = a[0].data, b[0].data
         if x.shape != y.shape:
-            return f"mosaic.fits is {x.shape[1]}x{x.shape[0]} pixels, the single-directory run's {y.shape[1]}x{y.shape[0]}"
+            return (f"mosaic.fits is {x.shape[1]}x{x.shape[0]} pixels, "
+                    f"the single-directory run's {y.shape[1]}x{y.shape[0]}")
         if not np.array_equal(np.isnan(x), np.isnan(y)):
-            return f"mosaic.fits has blank (NaN) pixels in other places: {int((np.isnan(x) != np.isnan(y)).sum())} differ"
+            differ = int((np.isnan(x) != np.isnan(y)).sum())
+            return f"mosaic.fits has blank (NaN) pixels in other places: {differ} differ"
         ok = np.isclose(x, y, rtol=RTOL, atol=0, equal_nan=True)
         if not ok.all():
             worst = float(np.nanmax(np.abs(x - y)))

@@ -1,0 +1,715 @@
+"""Every operation a node answers: what it takes and what it answers, in one place.
+
+A request here is a frozen dataclass whose fields are the operation's
+arguments in wire order; its `decode` checks a reply and gives it a type.
+Callers use `PeerPool.ask`, `client.ask` or the API's connections:
+
+    reply = await peers.ask(node, Open(path, os.O_RDONLY))
+    reply.handle, reply.attr
+
+The wire format is untouched: arguments still travel as a msgpack list and
+replies as the lists, maps and scalars the service returns (`to_wire` gives
+that shape back), so nodes running older and newer code still agree. A
+reply of the wrong shape raises OSError(EPROTO) naming the operation: the
+other node speaks another version of the protocol.
+
+Operations that act on a connection's handles (service.HANDLE_OPS) take the
+handle number the `open`, `opendir` or `put_open` reply gave, on the same
+connection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypedDict, TypeVar, cast
+
+from .node.export import Attr
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+R = TypeVar("R", covariant=True)
+
+
+def _malformed(what: str, value: Any) -> OSError:
+    shown = repr(value)
+    if len(shown) > 200:
+        shown = shown[:200] + "..."
+    return OSError(errno.EPROTO, f"malformed {what} reply: {shown} (do both nodes run the same gmountpy?)")
+
+
+def _int(value: Any, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _malformed(what, value)
+    return value
+
+
+def _str(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise _malformed(what, value)
+    return value
+
+
+def _bytes(value: Any, what: str) -> bytes:
+    if not isinstance(value, bytes):
+        raise _malformed(what, value)
+    return value
+
+
+def _list(value: Any, what: str, length: int | None = None) -> list[Any]:
+    """A msgpack array (a tuple before it went over the wire, when a node calls itself)."""
+    if not isinstance(value, list | tuple) or (length is not None and len(value) != length):
+        raise _malformed(what, value)
+    return list(value)
+
+
+def _dict(value: Any, what: str, keys: tuple[str, ...]) -> dict[str, Any]:
+    if not isinstance(value, dict) or any(key not in value for key in keys):
+        raise _malformed(what, value)
+    return value
+
+
+def _attr(value: Any, what: str) -> Attr:
+    try:
+        return Attr.from_wire(_list(value, what))
+    except (ValueError, TypeError):
+        raise _malformed(what, value) from None
+
+
+def _none(value: Any, what: str) -> None:
+    if value is not None:
+        raise _malformed(what, value)
+
+
+# --------------------------------------------------------------------------- replies
+
+
+@dataclass(frozen=True)
+class ReplicaSource:
+    """Where a staged replica was copied from, and the source's size and mtime then."""
+
+    node: str
+    size: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
+class LocateReply:
+    """`locate`: the file's attributes here, and its source if it is a staged replica."""
+
+    attr: Attr
+    replica: ReplicaSource | None
+
+    @classmethod
+    def from_wire(cls, value: Any) -> LocateReply:
+        attr, replica = _list(value, "locate", 2)
+        if replica is None:
+            return cls(_attr(attr, "locate"), None)
+        node, size, mtime_ns = _list(replica, "locate", 3)
+        return cls(_attr(attr, "locate"),
+                   ReplicaSource(_str(node, "locate"), _int(size, "locate"), _int(mtime_ns, "locate")))
+
+    def to_wire(self) -> list[Any]:
+        replica = self.replica
+        return [list(self.attr), None if replica is None else [replica.node, replica.size, replica.mtime_ns]]
+
+
+@dataclass(frozen=True)
+class ChecksumReply:
+    size: int
+    sha256: str
+
+    @classmethod
+    def from_wire(cls, value: Any) -> ChecksumReply:
+        size, sha256 = _list(value, "checksum", 2)
+        return cls(_int(size, "checksum"), _str(sha256, "checksum"))
+
+    def to_wire(self) -> list[Any]:
+        return [self.size, self.sha256]
+
+
+@dataclass(frozen=True)
+class DirEntry:
+    """One entry of a node's own listing; a staged replica's carries its source node."""
+
+    name: str
+    attr: Attr
+    replica_of: str | None = None
+
+    @classmethod
+    def from_wire(cls, value: Any) -> DirEntry:
+        fields = _list(value, "directory entry")
+        if len(fields) == 2:
+            return cls(_str(fields[0], "directory entry"), _attr(fields[1], "directory entry"))
+        if len(fields) == 3:
+            return cls(_str(fields[0], "directory entry"), _attr(fields[1], "directory entry"),
+                       _str(fields[2], "directory entry"))
+        raise _malformed("directory entry", value)
+
+    def to_wire(self) -> list[Any]:
+        if self.replica_of is None:
+            return [self.name, list(self.attr)]
+        return [self.name, list(self.attr), self.replica_of]
+
+
+def _entries(value: Any, what: str) -> list[DirEntry]:
+    return [DirEntry.from_wire(entry) for entry in _list(value, what)]
+
+
+@dataclass(frozen=True)
+class OpendirReply:
+    """`opendir`: the listing snapshot's handle and how many entries it has."""
+
+    handle: int
+    count: int
+
+    @classmethod
+    def from_wire(cls, value: Any) -> OpendirReply:
+        handle, count = _list(value, "opendir", 2)
+        return cls(_int(handle, "opendir"), _int(count, "opendir"))
+
+    def to_wire(self) -> list[Any]:
+        return [self.handle, self.count]
+
+
+@dataclass(frozen=True)
+class OpenReply:
+    """`open`: a handle on the holder (for read/write/fstat/close) and the file's attributes."""
+
+    handle: int
+    attr: Attr
+
+    @classmethod
+    def from_wire(cls, value: Any) -> OpenReply:
+        handle, attr = _list(value, "open", 2)
+        return cls(_int(handle, "open"), _attr(attr, "open"))
+
+    def to_wire(self) -> list[Any]:
+        return [self.handle, list(self.attr)]
+
+
+@dataclass(frozen=True)
+class LsEntry:
+    """One name of a merged listing: the holder a lookup finds, and every holder, nearest first."""
+
+    name: str
+    node: str
+    attr: Attr
+    holders: tuple[str, ...]
+
+    @classmethod
+    def from_wire(cls, value: Any) -> LsEntry:
+        name, node, attr, holders = _list(value, "ls entry", 4)
+        return cls(_str(name, "ls"), _str(node, "ls"), _attr(attr, "ls"),
+                   tuple(_str(h, "ls") for h in _list(holders, "ls")))
+
+    def to_wire(self) -> list[Any]:
+        return [self.name, self.node, list(self.attr), list(self.holders)]
+
+
+@dataclass(frozen=True)
+class LsReply:
+    """`ls`: the merged listing as the asked node's mount shows it, and the nodes that did not answer."""
+
+    entries: tuple[LsEntry, ...]
+    unreachable: tuple[str, ...]
+
+    @classmethod
+    def from_wire(cls, value: Any) -> LsReply:
+        fields = _dict(value, "ls", ("entries", "unreachable"))
+        return cls(tuple(LsEntry.from_wire(e) for e in _list(fields["entries"], "ls")),
+                   tuple(_str(n, "ls") for n in _list(fields["unreachable"], "ls")))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"unreachable": list(self.unreachable), "entries": [e.to_wire() for e in self.entries]}
+
+
+class PingReply(TypedDict):
+    """`ping`: who the node is, its daemon's pid and its byte counters (service.IOCounters)."""
+
+    node: str
+    site: str
+    cluster: str
+    version: str
+    mountpoint: str
+    export: str
+    pid: int
+    counters: dict[str, int]
+
+
+class HolderRow(TypedDict):
+    """One holder in a `where` reply (api.Holder is made from it)."""
+
+    node: str
+    site: str
+    size: int
+    mtime_ns: int
+    mode: int
+    export_path: str
+    rtt_ms: float
+    replica_of: str | None
+
+
+class StageReply(TypedDict):
+    """`stage`: what staging one file to the asked node did ("copied", "up-to-date", or "local")."""
+
+    status: str
+    source: str
+    size: int
+    sha256: str | None
+    seconds: float
+
+
+def _typed_dict(value: Any, what: str, kind: type[Any]) -> Any:
+    return _dict(value, what, tuple(kind.__required_keys__))
+
+
+# --------------------------------------------------------------------------- requests
+
+
+class Request(Generic[R]):
+    """One operation's arguments. `op` names it on the wire; `decode` checks and types its reply."""
+
+    op: ClassVar[str]
+
+    def args(self) -> list[Any]:
+        """The arguments in wire order (the dataclass fields, in order)."""
+        instance = cast("DataclassInstance", self)
+        return [getattr(self, f.name) for f in dataclasses.fields(instance)]
+
+    def decode(self, value: Any) -> R:
+        raise NotImplementedError
+
+
+# -- the node's own service (service.NodeService.op_*) ----------------------------------
+
+
+@dataclass(frozen=True)
+class Ping(Request[PingReply]):
+    op = "ping"
+
+    def decode(self, value: Any) -> PingReply:
+        return cast(PingReply, _typed_dict(value, self.op, PingReply))
+
+
+@dataclass(frozen=True)
+class Counters(Request[dict[str, int]]):
+    op = "counters"
+
+    def decode(self, value: Any) -> dict[str, int]:
+        if not isinstance(value, dict):
+            raise _malformed(self.op, value)
+        return {_str(k, self.op): _int(v, self.op) for k, v in value.items()}
+
+
+@dataclass(frozen=True)
+class Lookup(Request[Attr | None]):
+    """The attributes if the node holds `path`, None if not."""
+
+    op = "lookup"
+    path: str
+
+    def decode(self, value: Any) -> Attr | None:
+        return None if value is None else _attr(value, self.op)
+
+
+@dataclass(frozen=True)
+class Locate(Request[LocateReply | None]):
+    """Like lookup, plus the source when the node's copy is a staged replica."""
+
+    op = "locate"
+    path: str
+
+    def decode(self, value: Any) -> LocateReply | None:
+        return None if value is None else LocateReply.from_wire(value)
+
+
+@dataclass(frozen=True)
+class DropReplica(Request[bool]):
+    op = "drop_replica"
+    path: str
+    source_size: int
+    source_mtime_ns: int
+
+    def decode(self, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise _malformed(self.op, value)
+        return value
+
+
+@dataclass(frozen=True)
+class Checksum(Request[ChecksumReply]):
+    op = "checksum"
+    path: str
+
+    def decode(self, value: Any) -> ChecksumReply:
+        return ChecksumReply.from_wire(value)
+
+
+@dataclass(frozen=True)
+class Listdir(Request[list[DirEntry] | None]):
+    """The node's own entries of a directory, None if it has no such directory (EFBIG: use Opendir)."""
+
+    op = "listdir"
+    path: str
+
+    def decode(self, value: Any) -> list[DirEntry] | None:
+        return None if value is None else _entries(value, self.op)
+
+
+@dataclass(frozen=True)
+class Opendir(Request[OpendirReply | None]):
+    op = "opendir"
+    path: str
+
+    def decode(self, value: Any) -> OpendirReply | None:
+        return None if value is None else OpendirReply.from_wire(value)
+
+
+@dataclass(frozen=True)
+class Readdir(Request[list[DirEntry]]):
+    op = "readdir"
+    handle: int
+    start: int
+    count: int
+
+    def decode(self, value: Any) -> list[DirEntry]:
+        return _entries(value, self.op)
+
+
+@dataclass(frozen=True)
+class Closedir(Request[None]):
+    op = "closedir"
+    handle: int
+
+    def decode(self, value: Any) -> None:
+        _none(value, self.op)
+
+
+@dataclass(frozen=True)
+class Statfs(Request[tuple[int, ...]]):
+    op = "statfs"
+
+    def decode(self, value: Any) -> tuple[int, ...]:
+        return tuple(_int(v, self.op) for v in _list(value, self.op))
+
+
+@dataclass(frozen=True)
+class Readlink(Request[str]):
+    op = "readlink"
+    path: str
+
+    def decode(self, value: Any) -> str:
+        return _str(value, self.op)
+
+
+class _AttrReply(Request[Attr]):
+    def decode(self, value: Any) -> Attr:
+        return _attr(value, self.op)
+
+
+class _NoReply(Request[None]):
+    def decode(self, value: Any) -> None:
+        _none(value, self.op)
+
+
+@dataclass(frozen=True)
+class Mkdir(_AttrReply):
+    op = "mkdir"
+    path: str
+    mode: int
+
+
+@dataclass(frozen=True)
+class Unlink(_NoReply):
+    op = "unlink"
+    path: str
+
+
+@dataclass(frozen=True)
+class Rmdir(_NoReply):
+    op = "rmdir"
+    path: str
+
+
+@dataclass(frozen=True)
+class Rename(_NoReply):
+    op = "rename"
+    src: str
+    dst: str
+
+
+@dataclass(frozen=True)
+class Chmod(_AttrReply):
+    op = "chmod"
+    path: str
+    mode: int
+
+
+@dataclass(frozen=True)
+class Truncate(_AttrReply):
+    op = "truncate"
+    path: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Utimens(_AttrReply):
+    op = "utimens"
+    path: str
+    atime_ns: int | None
+    mtime_ns: int | None
+
+
+@dataclass(frozen=True)
+class Symlink(_AttrReply):
+    op = "symlink"
+    target: str
+    path: str
+
+
+@dataclass(frozen=True)
+class Mknod(_AttrReply):
+    op = "mknod"
+    path: str
+    mode: int
+    rdev: int
+
+
+@dataclass(frozen=True)
+class Link(_AttrReply):
+    op = "link"
+    src: str
+    dst: str
+
+
+@dataclass(frozen=True)
+class Chown(_AttrReply):
+    """-1 keeps an id."""
+
+    op = "chown"
+    path: str
+    uid: int
+    gid: int
+
+
+@dataclass(frozen=True)
+class Getxattr(Request[bytes]):
+    op = "getxattr"
+    path: str
+    name: str
+
+    def decode(self, value: Any) -> bytes:
+        return _bytes(value, self.op)
+
+
+@dataclass(frozen=True)
+class Setxattr(_NoReply):
+    op = "setxattr"
+    path: str
+    name: str
+    value: bytes
+
+
+@dataclass(frozen=True)
+class Listxattr(Request[list[str]]):
+    op = "listxattr"
+    path: str
+
+    def decode(self, value: Any) -> list[str]:
+        return [_str(name, self.op) for name in _list(value, self.op)]
+
+
+@dataclass(frozen=True)
+class Removexattr(_NoReply):
+    op = "removexattr"
+    path: str
+    name: str
+
+
+# -- file data, through handles owned by the connection
+
+@dataclass(frozen=True)
+class Open(Request[OpenReply]):
+    op = "open"
+    path: str
+    flags: int
+
+    def decode(self, value: Any) -> OpenReply:
+        return OpenReply.from_wire(value)
+
+
+@dataclass(frozen=True)
+class Read(Request[bytes]):
+    """At most service.MAX_IO bytes; fewer at the end of the file."""
+
+    op = "read"
+    handle: int
+    offset: int
+    size: int
+
+    def decode(self, value: Any) -> bytes:
+        return _bytes(value, self.op)
+
+
+@dataclass(frozen=True)
+class Write(Request[int]):
+    """At most service.MAX_IO bytes; answers how many were written."""
+
+    op = "write"
+    handle: int
+    offset: int
+    data: bytes
+
+    def decode(self, value: Any) -> int:
+        return _int(value, self.op)
+
+
+@dataclass(frozen=True)
+class Fsync(_NoReply):
+    op = "fsync"
+    handle: int
+    datasync: bool
+
+
+@dataclass(frozen=True)
+class Fstat(_AttrReply):
+    op = "fstat"
+    handle: int
+
+
+@dataclass(frozen=True)
+class Ftruncate(_AttrReply):
+    op = "ftruncate"
+    handle: int
+    size: int
+
+
+@dataclass(frozen=True)
+class Close(_NoReply):
+    op = "close"
+    handle: int
+
+
+# -- whole files written from outside the mount: put_open, write..., put_close (or put_abort)
+
+@dataclass(frozen=True)
+class PutOpen(Request[int]):
+    """A hidden temporary file beside `path`; the handle takes `write` calls."""
+
+    op = "put_open"
+    path: str
+    mode: int
+
+    def decode(self, value: Any) -> int:
+        return _int(value, self.op)
+
+
+@dataclass(frozen=True)
+class PutClose(_AttrReply):
+    """Verify (size, sha256) of what landed on disk, then rename it into place."""
+
+    op = "put_close"
+    handle: int
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class PutAbort(_NoReply):
+    op = "put_abort"
+    handle: int
+
+
+# -- what the daemon adds (node/daemon.py): the namespace as the node's mount sees it, control
+
+@dataclass(frozen=True)
+class Where(Request[list[HolderRow]]):
+    """Every holder of `path`, nearest to the asked node first."""
+
+    op = "where"
+    path: str
+
+    def decode(self, value: Any) -> list[HolderRow]:
+        return [cast(HolderRow, _typed_dict(row, self.op, HolderRow)) for row in _list(value, self.op)]
+
+
+@dataclass(frozen=True)
+class Ls(Request[LsReply]):
+    op = "ls"
+    path: str
+
+    def decode(self, value: Any) -> LsReply:
+        return LsReply.from_wire(value)
+
+
+@dataclass(frozen=True)
+class Created(_NoReply):
+    """A peer created `path`: forget "not found" for it."""
+
+    op = "created"
+    path: str
+    is_dir: bool
+
+
+@dataclass(frozen=True)
+class Stage(Request[StageReply]):
+    """Copy `path` to the asked node as a verified replica."""
+
+    op = "stage"
+    path: str
+
+    def decode(self, value: Any) -> StageReply:
+        return cast(StageReply, _typed_dict(value, self.op, StageReply))
+
+
+@dataclass(frozen=True)
+class Stats(Request[dict[str, Any]]):
+    """The daemon's counters for `gmount status` and tests (inodes, cache hits, limits in use)."""
+
+    op = "stats"
+
+    def decode(self, value: Any) -> dict[str, Any]:
+        return _dict(value, self.op, ("node", "pid"))
+
+
+@dataclass(frozen=True)
+class SetPeers(_NoReply):
+    """node name -> [host, port]: a node was (re)started elsewhere."""
+
+    op = "set_peers"
+    table: dict[str, list[Any]]
+
+
+@dataclass(frozen=True)
+class RenewTls(Request[str]):
+    """Present this certificate from now on; answers its expiry."""
+
+    op = "renew_tls"
+    cert: str
+    key: str
+
+    def decode(self, value: Any) -> str:
+        return _str(value, self.op)
+
+
+@dataclass(frozen=True)
+class Shutdown(_NoReply):
+    op = "shutdown"
+
+
+def _all_requests() -> dict[str, type[Request[Any]]]:
+    found: dict[str, type[Request[Any]]] = {}
+    pending: list[type[Request[Any]]] = [Request]
+    while pending:
+        for kind in pending.pop().__subclasses__():
+            pending.append(kind)
+            if "op" in vars(kind):
+                found[kind.op] = kind
+    return found
+
+
+#: op name -> its request type: the whole RPC surface of a node.
+REQUESTS: dict[str, type[Request[Any]]] = _all_requests()
