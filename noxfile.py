@@ -1,4 +1,4 @@
-"""Sessions a newcomer runs on a fresh Debian machine: `nox -s demo`, `nox -s tests`, `nox -s bench`.
+"""Sessions a newcomer runs on a fresh Debian machine: `nox -s demo`, `nox -s tests`, `nox -s bench`, `nox -s lint`.
 
 Each session installs what it needs: Debian packages via apt-get when they
 are missing (FUSE, and sshd for the tests), then gmountpy into the session's
@@ -57,6 +57,25 @@ def tests(session: nox.Session) -> None:
     ensure_system_packages(session, BASE_PACKAGES + TEST_PACKAGES + PIPELINE_PACKAGES)
     install_project(session, "[test,pipelines,snakemake]")
     session.run("pytest", *(session.posargs or ["-q"]))
+
+
+#: pinned: a new release of either may add checks, and CI must not break without a change here
+LINT_TOOLS = ["mypy==2.4.1", "ruff==0.17.6", "types-networkx==3.6.1.20261114"]
+LINT_PATHS = ["gmountpy", "plugins"]
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """Type checks (`mypy --strict`, settings in pyproject.toml) and `ruff check` over the package and plugins.
+
+    mypy checks calls against the libraries as installed, so the project comes with
+    the same extras as the tests (pyfuse3 builds against libfuse3-dev).
+    """
+    ensure_system_packages(session, BASE_PACKAGES)
+    install_project(session, "[test,pipelines,snakemake]")
+    session.install(*LINT_TOOLS)
+    session.run("ruff", "check", *LINT_PATHS)
+    session.run("mypy", *LINT_PATHS)
 
 
 @nox.session
