@@ -356,6 +356,23 @@ class Cluster:
 
         return self._run(main)
 
+    def read_range(self, path: PathLike, start: int, end: int | None, *, holder: str | Node) -> bytes:
+        """Bytes [start, end) of `path` read from node `holder` itself, without a lookup.
+
+        For readers that bind a file to its holder when they open it, as the
+        mount does (close-to-open; the fsspec backend): every range then comes
+        from the same copy. FileNotFoundError if `holder` no longer has it.
+        """
+        ns_path, node = self._ask(path, holder)
+
+        async def main(conns: _Connections) -> bytes:
+            return await self._read(conns, node, ns_path, start, end)
+
+        try:
+            return self._run(main)
+        except FileNotFoundError:
+            raise FileNotFoundError(errno.ENOENT, f"{ns_path} is gone from node {node}", ns_path) from None
+
     # -- stage -------------------------------------------------------------------
 
     def stage(self, paths: PathLike | Iterable[PathLike], to: str | Node, *, concurrency: int = 4,
@@ -530,6 +547,11 @@ class Cluster:
             if mode is None:
                 mode = os.fstat(source.fileno()).st_mode & 0o7777
             return self._put_from(path, source, on, mode, from_node)
+
+    def write_from(self, path: PathLike, source: IO[bytes], *, on: str | Node | None = None, mode: int = 0o644,
+                   from_node: str | Node | None = None) -> str:
+        """Like `write_bytes`, with the bytes read from an open binary file until its end (streamed)."""
+        return self._put_from(path, source, on, mode, from_node)
 
     def mkdir(self, path: PathLike, *, on: str | Node | None = None, from_node: str | Node | None = None) -> str:
         """Make a directory (and missing parents) in one node's export (`on`, default the asking node).

@@ -75,7 +75,10 @@ class GmountFileSystem(AbstractFileSystem):
     def __init__(self, cluster: Cluster | str | None = None, node: str | None = None, **kwargs: Any) -> None:
         super().__init__(cluster=cluster, node=node, **kwargs)
         self.cluster = _open_cluster(cluster)
-        self.node = self.cluster._node_name(node) if node is not None else self.cluster.home
+        if node is not None and node not in self.cluster.nodes:
+            raise GmountError(f"unknown node {node!r} in cluster {self.cluster.name!r} "
+                              f"(nodes: {', '.join(self.cluster.nodes.names)})")
+        self.node = node if node is not None else self.cluster.home
 
     # -- paths -----------------------------------------------------------------
 
@@ -153,7 +156,7 @@ class GmountFileSystem(AbstractFileSystem):
         stop = size if end is None else (max(0, size + end) if end < 0 else min(end, size))
         if stop <= first:
             return b""
-        return self._read(details["name"], details["node"], first, stop)
+        return self.cluster.read_range(details["name"], first, stop, holder=details["node"])
 
     # -- writing ---------------------------------------------------------------------
 
@@ -205,17 +208,6 @@ class GmountFileSystem(AbstractFileSystem):
             raise NotADirectoryError(errno.ENOTDIR, f"{path} is not a directory", path)
         self.cluster.remove(path, from_node=self.node)
 
-    def _read(self, path: str, node: str, start: int, end: int) -> bytes:
-        cluster = self.cluster
-
-        async def read(conns: Any) -> bytes:
-            return await cluster._read(conns, node, path, start, end)
-
-        try:
-            return cluster._run(read)
-        except FileNotFoundError:
-            raise FileNotFoundError(errno.ENOENT, f"{path} is gone from node {node}", path) from None
-
 
 class GmountFile(AbstractBufferedFile):
     """A file opened for reading, bound to the holder found at open time (close-to-open) -- or for
@@ -241,7 +233,7 @@ class GmountFile(AbstractBufferedFile):
             fs: GmountFileSystem = self.fs
             self._spool.seek(0)
             try:
-                fs.cluster._put_from(self.path, self._spool, None, 0o644, fs.node)
+                fs.cluster.write_from(self.path, self._spool, from_node=fs.node)
             finally:
                 self._spool.close()
         return True
@@ -251,7 +243,7 @@ class GmountFile(AbstractBufferedFile):
             return b""
         fs: GmountFileSystem = self.fs
         assert self.holder is not None, "only files opened for reading fetch ranges"
-        return fs._read(self.path, self.holder, start, end)
+        return fs.cluster.read_range(self.path, start, end, holder=self.holder)
 
 
 def _entry_info(entry: Entry) -> dict[str, Any]:

@@ -251,3 +251,22 @@ def test_run_over_ssh_on_an_ssh_cluster(sshd: Sshd, tmp_path: Path) -> None:  # 
             launch.down(spec.name, forget=True)
         finally:
             force_cleanup(spec, state)
+
+
+def test_read_range_reads_from_the_named_holder_only(cluster4: LocalCluster, api: Cluster) -> None:
+    data = put(cluster4, "n3", "/read-range/file.bin", os.urandom(10_000))
+    assert api.read_range("/read-range/file.bin", 100, 5000, holder="n3") == data[100:5000]
+    assert api.read_range("/read-range/file.bin", 9000, None, holder="n3") == data[9000:]
+    assert api.read_range("/read-range/file.bin", 0, 20_000, holder="n3") == data  # clamped at the end
+    with pytest.raises(FileNotFoundError, match="gone from node n1"):
+        api.read_range("/read-range/file.bin", 0, 10, holder="n1")  # no lookup: n1 does not hold it
+    with pytest.raises(GmountError, match="unknown node"):
+        api.read_range("/read-range/file.bin", 0, 10, holder="n9")
+
+
+def test_write_from_streams_an_open_binary_file(cluster4: LocalCluster, api: Cluster) -> None:
+    import io
+
+    data = os.urandom(300_000)
+    assert api.write_from("/write-from/out.bin", io.BytesIO(data), on="n2") == "n2"
+    assert (cluster4.export("n2") / "write-from" / "out.bin").read_bytes() == data

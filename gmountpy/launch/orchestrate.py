@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from ..config import ClusterSpec, NodeSpec
 from ..errors import GmountError
-from ..node.daemon import LINE_PREFIX, default_log_path
+from ..node.startup import LINE_PREFIX, default_log_path
 from ..state import ClusterState, NodeRecord
 from ..tls import NodeCredentials
 

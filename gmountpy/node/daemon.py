@@ -48,22 +48,10 @@ from .peers import PeerAddress, PeerPool
 from .replicas import ReplicaTable
 from .service import NodeService
 from .staging import stage_file
+from .startup import LINE_PREFIX, default_log_path, replica_table_path
 
 log = logging.getLogger("gmountpy.node")
 
-LINE_PREFIX = "GMOUNT"
-
-
-def _state_base() -> str:
-    return os.path.join(os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "gmountpy")
-
-
-def default_log_path(cluster: str, node: str) -> str:
-    return os.path.join(_state_base(), "logs", f"{cluster}-{node}.log")
-
-
-def replica_table_path(cluster: str, node: str) -> str:
-    return os.path.join(_state_base(), "replicas", f"{cluster}-{node}.json")
 
 
 def _say(out: TextIO, kind: str, payload: Any) -> None:
