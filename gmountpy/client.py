@@ -16,7 +16,7 @@ import trio
 from . import rpc
 from ._trio import open_nursery
 from .errors import PeerUnavailable
-from .messages import R, Request
+from .messages import Ping, PingReply, R, Request
 from .state import ClusterState, load_secret, load_tls
 from .tls import client_context
 
@@ -57,14 +57,14 @@ async def ask(state: ClusterState, node: str, request: Request[R], *, timeout: f
     return request.decode(await call(state, node, request.op, *request.args(), timeout=timeout, secret=secret))
 
 
-async def ping_all(state: ClusterState, timeout: float = 3.0) -> dict[str, dict[str, Any] | str]:
+async def ping_all(state: ClusterState, timeout: float = 3.0) -> dict[str, PingReply | str]:
     """Each node's ping answer, or a one-line reason why it did not answer."""
     secret = load_secret(state.name)
-    answers: dict[str, dict[str, Any] | str] = {}
+    answers: dict[str, PingReply | str] = {}
 
     async def ping(node: str) -> None:
         try:
-            answers[node] = await call(state, node, "ping", timeout=timeout, secret=secret)
+            answers[node] = await ask(state, node, Ping(), timeout=timeout, secret=secret)
         except OSError as exc:
             answers[node] = str(exc)
 

@@ -35,7 +35,7 @@ from .._trio import open_nursery
 from .._version import __version__
 from ..config import ClusterSpec, NodeSpec
 from ..errors import GmountError
-from ..messages import StageReply
+from ..messages import HolderRow, LsEntry, LsReply, StageReply
 from ..overlay import Overlay
 from ..tls import NodeCredentials, certificate_problem, client_context, expires, load_credentials, server_context
 from . import readahead
@@ -133,7 +133,7 @@ class NodeDaemon:
         self.export = Export(self.node.export)
 
     def _where(self, namespace: Namespace) -> Any:
-        async def where(path: str) -> list[dict[str, Any]]:
+        async def where(path: str) -> list[HolderRow]:
             holders = await namespace.where(path)
             return [{
                 "node": loc.node,
@@ -191,9 +191,8 @@ class NodeDaemon:
             async def ls(path: str) -> dict[str, Any]:
                 """The merged listing as this node's mount shows it, with every holder of each name."""
                 listing = await namespace.merged_listing(path)
-                return {"unreachable": listing.unreachable,
-                        "entries": [[e.name, e.location.node, e.location.attr, list(e.holders)]
-                                    for e in listing.entries]}
+                return LsReply(tuple(LsEntry(e.name, e.location.node, e.location.attr, e.holders)
+                                     for e in listing.entries), tuple(listing.unreachable)).to_wire()
 
             extra["ls"] = ls
 
