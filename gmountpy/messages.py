@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypedDict, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, TypedDict, TypeVar, cast
 
 from .node.export import Attr
 
@@ -72,9 +72,11 @@ def _dict(value: Any, what: str, keys: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _attr(value: Any, what: str) -> Attr:
+    if not isinstance(value, list | tuple):
+        raise _malformed(what, value)
     try:
-        return Attr.from_wire(_list(value, what))
-    except (ValueError, TypeError):
+        return Attr.from_wire(value)
+    except ValueError:
         raise _malformed(what, value) from None
 
 
@@ -130,9 +132,12 @@ class ChecksumReply:
         return [self.size, self.sha256]
 
 
-@dataclass(frozen=True)
-class DirEntry:
-    """One entry of a node's own listing; a staged replica's carries its source node."""
+class DirEntry(NamedTuple):
+    """One entry of a node's own listing; a staged replica's carries its source node.
+
+    A named tuple, not a dataclass: a listing has up to service.LISTDIR_MAX of them, and
+    making a tuple costs a third of a frozen dataclass.
+    """
 
     name: str
     attr: Attr
@@ -140,12 +145,10 @@ class DirEntry:
 
     @classmethod
     def from_wire(cls, value: Any) -> DirEntry:
-        fields = _list(value, "directory entry")
-        if len(fields) == 2:
-            return cls(_str(fields[0], "directory entry"), _attr(fields[1], "directory entry"))
-        if len(fields) == 3:
-            return cls(_str(fields[0], "directory entry"), _attr(fields[1], "directory entry"),
-                       _str(fields[2], "directory entry"))
+        if isinstance(value, list | tuple) and 2 <= len(value) <= 3 and isinstance(value[0], str):
+            replica_of = value[2] if len(value) == 3 else None
+            if replica_of is None or isinstance(replica_of, str):
+                return cls(value[0], _attr(value[1], "directory entry"), replica_of)
         raise _malformed("directory entry", value)
 
     def to_wire(self) -> list[Any]:
