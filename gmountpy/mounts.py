@@ -17,6 +17,10 @@ import os
 import posixpath
 import stat
 
+TYPE_CHECKING = False  # typing is not imported at run time: per-job wrappers import this module
+if TYPE_CHECKING:
+    from typing import Any
+
 __all__ = ["MountNode", "MountedCluster", "find", "state_dir"]
 
 WHERE_XATTR = "user.gmount.where"
@@ -48,7 +52,7 @@ class MountNode:
 class MountedCluster:
     """A running cluster, read from its state file: nodes in cluster-file order, sites and RTTs."""
 
-    def __init__(self, data: dict) -> None:  # type: ignore[type-arg]
+    def __init__(self, data: dict[str, Any]) -> None:
         spec = data["spec"]
         records = data["nodes"]
         self.name: str = spec["name"]
@@ -153,7 +157,7 @@ def find(path: str) -> tuple[MountedCluster, str, str] | None:
     return None
 
 
-def _site_distances(sites: dict[str, list[str]], links: list[dict]) -> dict[str, dict[str, float]]:  # type: ignore[type-arg]
+def _site_distances(sites: dict[str, list[str]], links: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Shortest-path RTT between every pair of sites (Dijkstra; a fast detour beats a slow direct link)."""
     graph: dict[str, list[tuple[str, float]]] = {site: [] for site in sites}
     for link in links:

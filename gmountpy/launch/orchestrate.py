@@ -168,8 +168,8 @@ async def start_cluster(
         if failures:
             await drop_failed()
 
-        addresses = {name: [peer_host(e.spec, e.host) if peer_host else e.host, e.port] for name, e in started.items()}
-        addresses = {**known_peers, **addresses}
+        hosts = {name: peer_host(e.spec, e.host) if peer_host else e.host for name, e in started.items()}
+        addresses = {**known_peers, **{name: [hosts[name], e.port] for name, e in started.items()}}
         peers_line = json.dumps({"peers": addresses})
 
         async def finish(entry: _Started) -> None:
@@ -189,7 +189,7 @@ async def start_cluster(
 
         order = {name: i for i, name in enumerate(spec.nodes)}
         records = {
-            name: NodeRecord(name=name, site=e.spec.site, pid=e.pid, host=addresses[name][0], port=e.port,  # type: ignore[arg-type]
+            name: NodeRecord(name=name, site=e.spec.site, pid=e.pid, host=hosts[name], port=e.port,
                              mountpoint=e.spec.mountpoint, export=e.spec.export,
                              log=_log_path(spec.name, e.spec), ssh=e.spec.host)
             for name, e in sorted(started.items(), key=lambda item: order[item[0]])  # spec order, not finish order

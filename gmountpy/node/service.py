@@ -14,7 +14,7 @@ import inspect
 import logging
 import os
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -68,7 +68,7 @@ class _Handles:
 
     def __init__(self, usage: _NodeUsage | None = None) -> None:
         self.fds: dict[int, int] = {}
-        self.listings: dict[int, list[Any]] = {}  # directory snapshots being paged through
+        self.listings: dict[int, Sequence[Any]] = {}  # directory snapshots being paged through
         self.puts: dict[int, tuple[str, str]] = {}  # put handle -> (path, temporary file beside it)
         self.next = 1
         self.usage = usage or _NodeUsage("this node", Tuning())
@@ -139,7 +139,7 @@ class _Handles:
         except (KeyError, TypeError):
             raise OSError(errno.EBADF, f"no open handle {handle!r}") from None
 
-    def add_listing(self, entries: list[Any]) -> int:
+    def add_listing(self, entries: Sequence[Any]) -> int:
         handle = self.next
         self.next += 1
         self.listings[handle] = entries
@@ -150,7 +150,7 @@ class _Handles:
         if self.listings.pop(handle, None) is not None:
             self.usage.listings -= 1
 
-    def listing(self, handle: int) -> list[Any]:
+    def listing(self, handle: int) -> Sequence[Any]:
         try:
             return self.listings[handle]
         except (KeyError, TypeError):
@@ -336,7 +336,7 @@ class NodeService:
 
         return await off_loop(digest)
 
-    def op_listdir(self, path: str) -> list[tuple[str, Attr] | tuple[str, Attr, str]] | None:
+    def op_listdir(self, path: str) -> Sequence[tuple[str, Attr] | tuple[str, Attr, str]] | None:
         """Entries with attributes; a staged replica's entry carries its source node third.
 
         EFBIG for a directory of more than LISTDIR_MAX entries: read it with opendir/readdir.
@@ -354,7 +354,7 @@ class NodeService:
             return None
         return handles.add_listing(entries), len(entries)
 
-    def op_readdir(self, handles: _Handles, handle: int, start: int, count: int) -> list[Any]:
+    def op_readdir(self, handles: _Handles, handle: int, start: int, count: int) -> Sequence[Any]:
         listing = handles.listing(handle)
         count = min(_int(count, "count"), LISTDIR_MAX)
         return listing[_int(start, "start"):start + count]
@@ -362,7 +362,7 @@ class NodeService:
     def op_closedir(self, handles: _Handles, handle: int) -> None:
         handles.drop_listing(handle)
 
-    def _listing(self, path: str) -> list[tuple[str, Attr] | tuple[str, Attr, str]] | None:
+    def _listing(self, path: str) -> Sequence[tuple[str, Attr] | tuple[str, Attr, str]] | None:
         try:
             entries = self.export.listdir(path)
         except OSError as exc:
@@ -373,7 +373,7 @@ class NodeService:
         if self.replicas.damaged is not None:
             return [(name, attr) for name, attr in entries if not self._marked_copy(prefix + name, attr)]
         if not len(self.replicas) and not self.replicas.leftover_temporaries():
-            return entries  # type: ignore[return-value]
+            return entries
         result: list[tuple[str, Attr] | tuple[str, Attr, str]] = []
         for name, attr in entries:
             if self.replicas.is_staging_temporary(prefix + name):

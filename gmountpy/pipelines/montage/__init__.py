@@ -80,7 +80,7 @@ def _pairs(files: Sequence[str]) -> dict[str, tuple[str, str]]:
 
 def compare(ours: Callable[[str], bytes], reference: Callable[[str], bytes]) -> str | None:
     import numpy as np
-    from astropy.io import fits  # type: ignore[import-untyped]
+    from astropy.io import fits
 
     with fits.open(io.BytesIO(ours("mosaic.fits"))) as a, fits.open(io.BytesIO(reference("mosaic.fits"))) as b:
         x, y = a[0].data, b[0].data

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from astropy.io import fits  # type: ignore[import-untyped]
-from astropy.wcs import WCS  # type: ignore[import-untyped]
+from astropy.io import fits
+from astropy.wcs import WCS
 
 #: Field centre (near M101) and pixel scale (degrees per pixel).
 RA0, DEC0 = 210.80, 54.35
