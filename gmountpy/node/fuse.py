@@ -116,9 +116,8 @@ class GmountOperations(pyfuse3.Operations):
         #: need invalidating when a peer creates the name (a kernel call contends for the directory's
         #: lock, so calling it for every create anywhere would serialise creates cluster-wide)
         self._negatives: dict[tuple[int, str], float] = {}
-        # threads for kernel notifications; entries apart, as they can block on a busy directory
+        # threads for invalidating entries: the kernel call blocks while that directory is busy
         self._entry_limiter = trio.CapacityLimiter(4)
-        self._inode_limiter = trio.CapacityLimiter(4)
         namespace.on_created_elsewhere = self.created_elsewhere
 
     # -- helpers ---------------------------------------------------------------
@@ -331,14 +330,16 @@ class GmountOperations(pyfuse3.Operations):
     async def _file_info(self, inode: int, handle: FileHandle) -> pyfuse3.FileInfo:
         """Close-to-open, against what the kernel holds: `handle.attr` is fresh from the holder.
 
-        Pages are kept only if the file is unchanged since the last open here; if the
-        kernel was told other attributes (size!) they are invalidated before the first
-        read, so a read is never cut at a stale size.
+        Pages are kept only if the file is unchanged since the last open here (otherwise
+        the kernel drops them itself at this open: no keep_cache). If the kernel was told
+        other attributes (size!) they are invalidated, so a read is never cut at a stale
+        size. Attributes only: dropping pages from here would wait for page locks, which
+        reads in flight on this inode hold until this daemon answers them.
         """
         version = _version(handle.attr)
         keep = self._opened_version.get(inode) == version
         if self._told.get(inode) != version:
-            await trio.to_thread.run_sync(_invalidate_inode, inode, keep, limiter=self._inode_limiter)
+            _invalidate_inode(inode, attr_only=True)  # never blocks: no page is touched
             self._told[inode] = version
         self._opened_version[inode] = version
         fh = self._new_fh()

@@ -127,6 +127,23 @@ def read_log(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def process_report(pid: int) -> str:
+    """State, kernel wait channel and command line of `pid` and everything below it (for a hang's message)."""
+    lines = []
+    for p in sorted({pid} | descendants(pid)):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{p}/wchan") as f:
+                wchan = f.read()
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        lines.append(f"{p} {state} {wchan or '-'} {command}")
+    return "\n".join(lines)
+
+
 def descendants(pid: int) -> set[int]:
     """Every live process below `pid` (by /proc/<pid>/task/*/children)."""
     found: set[int] = set()
@@ -329,7 +346,10 @@ def test_make_interrupt_leaves_no_processes(cluster: LocalCluster, how: str) -> 
             os.killpg(process.pid, signal.SIGINT)
         else:  # make forwards SIGTERM to its children (gmount-sh), which stop their recipe's group
             process.send_signal(signal.SIGTERM)
-        process.communicate(timeout=30)
+        try:
+            process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"make did not stop within 30 s of {how}:\n{process_report(process.pid)}") from None
         assert process.returncode != 0
         assert wait_for(lambda: not any(alive(p) for p in below), timeout=10), \
             [p for p in below if alive(p)]
