@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 PROTO = "gmount"
 HANDSHAKE_TIMEOUT = 5.0
 RECEIVE_CHUNK = 1 << 18
+#: A request served for longer than this is logged: the peer that sent it has likely timed out.
+SLOW_REQUEST = 5.0
 #: Requests served at once per connection; beyond it the reader stops reading
 #: (TCP back-pressure) instead of queueing without bound.
 MAX_IN_FLIGHT = 64
@@ -393,6 +395,7 @@ async def _handle_connection(tcp: trio.SocketStream, dispatch: Dispatch, *, secr
             in_flight.release()
 
     async def serve_one(request: wire.Request) -> None:
+        started = trio.current_time()
         try:  # counted in by the reader, before this task started: a burst cannot slip past the limit
             try:
                 result = await dispatch(session, request.op, request.args)
@@ -410,7 +413,11 @@ async def _handle_connection(tcp: trio.SocketStream, dispatch: Dispatch, *, secr
         finally:
             limits.in_progress -= 1
             in_flight.release()
+            took = trio.current_time() - started
+            if took > SLOW_REQUEST:  # its caller has likely given up: say what held it
+                log.warning("request %s from %s took %.1f s on node %s", request.op, peer, took, limits.node)
 
+    window_full_reported = False
     try:
         async with open_nursery() as nursery:
             try:
@@ -421,6 +428,11 @@ async def _handle_connection(tcp: trio.SocketStream, dispatch: Dispatch, *, secr
                     for message in decoder.feed(data):
                         if not isinstance(message, wire.Request):
                             raise wire.ProtocolError(f"unexpected {type(message).__name__} from client")
+                        if in_flight.value == 0 and not window_full_reported:
+                            window_full_reported = True
+                            log.warning("connection from %s has %d requests in progress on node %s (the limit of "
+                                        "tuning.requests_per_connection): further requests wait", peer,
+                                        limits.per_connection, limits.node)
                         await in_flight.acquire()
                         if limits.in_progress >= limits.per_node:
                             if not limits.refused:

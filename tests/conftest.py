@@ -137,6 +137,55 @@ def cluster4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]
         yield cluster
 
 
+def process_report(pid: int, cluster: LocalCluster | None = None) -> str:
+    """State, kernel wait channel and command line of `pid`, everything below it and the cluster's daemons.
+
+    For the message of a test that timed out waiting for a process: says who waits where.
+    """
+    lines = []
+    daemons = [record.pid for record in cluster.state.nodes.values()] if cluster is not None else []
+    for p in [*sorted({pid} | descendants(pid)), *daemons]:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{p}/wchan") as f:
+                wchan = f.read()
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        lines.append(f"{p} {state} {wchan or '-'} {command}")
+        try:  # where in the kernel it waits (readable by root only)
+            with open(f"/proc/{p}/stack") as f:
+                lines += ["    " + line for line in f.read().splitlines()[:8]]
+        except OSError:
+            pass
+    return "\n".join(lines)
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (by /proc/<pid>/task/*/children)."""
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except FileNotFoundError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children") as f:
+                    children = [int(c) for c in f.read().split()]
+            except FileNotFoundError:
+                continue
+            for child in children:
+                if child not in found:
+                    found.add(child)
+                    todo.append(child)
+    return found
+
+
 def wait_for(predicate, timeout: float = 5.0, interval: float = 0.05):  # type: ignore[no-untyped-def]
     """Poll until predicate() is truthy (for effects that become visible after a cache TTL)."""
     deadline = time.monotonic() + timeout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import random
 from collections.abc import AsyncIterator
@@ -536,3 +537,32 @@ async def test_a_send_cut_short_by_a_timeout_never_corrupts_the_next_request() -
             assert message.args in ([1, 0, big], [1, 0, small]), "the server decoded a corrupted request"
         nursery.cancel_scope.cancel()
 
+
+
+@trio_test
+async def test_a_request_served_past_its_callers_patience_is_logged(monkeypatch: pytest.MonkeyPatch,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(rpc, "SLOW_REQUEST", 0.1)
+    async with serving(Backend()) as (nursery, server):
+        client = await connect(nursery, server.port)
+        assert await client.call("sleep", 0.3, "late") == "late"
+        assert await client.call("sleep", 0.01, "soon") == "soon"
+    slow = [r.getMessage() for r in caplog.records if "took" in r.getMessage()]
+    assert len(slow) == 1 and slow[0].startswith("request sleep from cli took 0.") and "on node srv" in slow[0]
+
+
+@trio_test
+async def test_a_full_request_window_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    backend = Backend()
+    async with open_nursery() as nursery:
+        limits = rpc.RequestLimits(2, 100, "srv")
+        listeners = await nursery.start(functools.partial(
+            rpc.serve, "127.0.0.1", 0, backend.dispatch, secret=SECRET, name="srv", limits=limits))
+        client = await connect(nursery, listeners[0].socket.getsockname()[1])
+        async with open_nursery() as calls:
+            for i in range(5):
+                calls.start_soon(client.call, "sleep", 0.05, i)
+        nursery.cancel_scope.cancel()
+    full = [r.getMessage() for r in caplog.records if "further requests wait" in r.getMessage()]
+    assert full == ["connection from cli has 2 requests in progress on node srv (the limit of "
+                    "tuning.requests_per_connection): further requests wait"]

@@ -18,6 +18,7 @@ unmounts and exits on SIGTERM or SIGINT (or the `shutdown` RPC).
 from __future__ import annotations
 
 import errno
+import faulthandler
 import json
 import logging
 import os
@@ -60,11 +61,19 @@ def _say(out: TextIO, kind: str, payload: Any) -> None:
     out.flush()
 
 
+#: The daemon's log file once set up: where a stalled event loop's tracebacks go.
+_log_stream: TextIO | None = None
+#: An event loop that has not run for this long has its threads' tracebacks written to the log.
+STALL_REPORT_AFTER = 5.0
+
+
 def _setup_logging(path: str) -> None:
+    global _log_stream
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.fchmod(fd, 0o600)
-    handler = logging.StreamHandler(os.fdopen(fd, "a", buffering=1))
+    _log_stream = os.fdopen(fd, "a", buffering=1)
+    handler = logging.StreamHandler(_log_stream)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
@@ -255,6 +264,8 @@ class NodeDaemon:
 
                 nursery.start_soon(watch_signals)
                 nursery.start_soon(stop_when_asked)
+                if _log_stream is not None:
+                    nursery.start_soon(_report_stalls, _log_stream)
                 await pyfuse3.main()
             finally:
                 with trio.CancelScope(shield=True):
@@ -262,6 +273,17 @@ class NodeDaemon:
                     log.info("node %s unmounted %s", self.me, self.node.mountpoint)
                 nursery.cancel_scope.cancel()
             await pool.aclose()
+
+
+async def _report_stalls(stream: TextIO, after: float = STALL_REPORT_AFTER) -> None:
+    """Re-arm a watchdog thread every second: if the event loop stops running (a call that
+    blocks it, a busy task), every thread's traceback goes to the log -- where it waits."""
+    try:
+        while True:
+            faulthandler.dump_traceback_later(after, file=stream)
+            await trio.sleep(after / 5)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def _detach_stdio() -> None:

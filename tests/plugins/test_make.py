@@ -20,12 +20,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from gmountpy import Cluster, mounts
 from gmountpy_make import MAKEFILE
 from gmountpy_make.shell import strip_oneshell_prefixes
 
-from gmountpy import Cluster, mounts
-
-from ..conftest import LocalCluster, fuse_problem, local_cluster, require, wait_for
+from ..conftest import LocalCluster, descendants, fuse_problem, local_cluster, process_report, require, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = os.path.dirname(sys.executable)
@@ -125,46 +125,6 @@ def expected_node(cluster: LocalCluster, wf: str, target: str) -> str:
 
 def read_log(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def process_report(pid: int) -> str:
-    """State, kernel wait channel and command line of `pid` and everything below it (for a hang's message)."""
-    lines = []
-    for p in sorted({pid} | descendants(pid)):
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-            with open(f"/proc/{p}/wchan") as f:
-                wchan = f.read()
-            with open(f"/proc/{p}/cmdline", "rb") as f:
-                command = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        lines.append(f"{p} {state} {wchan or '-'} {command}")
-    return "\n".join(lines)
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below `pid` (by /proc/<pid>/task/*/children)."""
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{parent}/task")
-        except FileNotFoundError:
-            continue
-        for task in tasks:
-            try:
-                with open(f"/proc/{parent}/task/{task}/children") as f:
-                    children = [int(c) for c in f.read().split()]
-            except FileNotFoundError:
-                continue
-            for child in children:
-                if child not in found:
-                    found.add(child)
-                    todo.append(child)
-    return found
 
 
 def alive(pid: int) -> bool:
@@ -349,7 +309,8 @@ def test_make_interrupt_leaves_no_processes(cluster: LocalCluster, how: str) -> 
         try:
             process.communicate(timeout=30)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"make did not stop within 30 s of {how}:\n{process_report(process.pid)}") from None
+            raise AssertionError(f"make did not stop within 30 s of {how}:\n"
+                                 f"{process_report(process.pid, cluster)}") from None
         assert process.returncode != 0
         assert wait_for(lambda: not any(alive(p) for p in below), timeout=10), \
             [p for p in below if alive(p)]

@@ -23,7 +23,7 @@ import yaml
 from gmountpy import Cluster
 from gmountpy.slurm import nodelist, slurm_extra
 
-from ..conftest import LocalCluster, require, wait_for
+from ..conftest import LocalCluster, process_report, require, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT = 900
@@ -32,6 +32,7 @@ RUN_TIMEOUT = 900
 def snakemake_problem() -> str | None:
     try:
         import snakemake  # noqa: F401
+
         import snakemake_executor_plugin_gmount  # noqa: F401
         import snakemake_storage_plugin_gmount  # noqa: F401
     except ImportError as exc:
@@ -291,7 +292,11 @@ rule slow:
         assert {p.name.split("-")[-1] for p in cwd.glob("started-*")} == set(cluster4.nodes)
         assert processes_mentioning(f"sleep {token}")
         process.send_signal(signal.SIGINT)
-        out, _ = process.communicate(timeout=120)
+        try:
+            out, _ = process.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("snakemake did not stop within 120 s of Ctrl-C:\n"
+                                 f"{process_report(process.pid, cluster4)}") from None
     finally:
         if process.poll() is None:
             process.kill()
