@@ -31,8 +31,8 @@ from typing import Any
 import trio
 
 from . import wire
-from .errors import AuthenticationFailed, PeerUnavailable
 from ._trio import open_nursery
+from .errors import AuthenticationFailed, PeerUnavailable
 
 log = logging.getLogger(__name__)
 
