@@ -92,6 +92,7 @@ def bench(session: nox.Session) -> None:
     ensure_system_packages(session, BASE_PACKAGES)
     install_project(session)
     session.run("python", "benchmarks/bench_core.py", *session.posargs)
+    session.run("python", "benchmarks/bench_lookup.py")  # messages/op: flood vs index vs central
     ensure_system_packages(session, ["make"])
     session.run("python", "benchmarks/bench_make.py")
     if os.geteuid() == 0:  # the WAN benchmarks need network namespaces (root); reduced size here

@@ -84,6 +84,10 @@ class Tuning:
     listings_per_connection: int = 64    # directory snapshots being paged through; beyond it EMFILE
     listings_per_node: int = 512
     readahead_mib: int = 256             # read-ahead blocks held by the node's mount
+    lookup: str = "flood"                # "flood" (GMount's search), "index" (homed directory index),
+                                         # "central" (one node is every directory's home: a baseline)
+    central_node: str = ""               # the home of every directory with lookup = "central"; "" = first node
+    index_rescan: float = 30.0           # seconds before a home re-lists a directory from every node
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,8 @@ _INTEGER_TUNING = ("requests_per_connection", "requests_per_node", "handles_per_
                    "listings_per_connection", "listings_per_node")
 _INTEGER_TUNING_ZERO_OK = ("readahead_mib",)  # 0: no read-ahead
 _LIMIT_TUNING = _INTEGER_TUNING + _INTEGER_TUNING_ZERO_OK
+_LOOKUP_TUNING = ("lookup", "central_node", "index_rescan")  # optional: absent from older state files
+LOOKUP_MODES = ("flood", "index", "central")
 
 
 @dataclass(frozen=True)
@@ -206,8 +212,9 @@ class ClusterSpec:
         tuning_raw = _expect_table(data["tuning"], "tuning")
         # Limits may be absent from state files written before they existed: their defaults apply.
         _check_keys(tuning_raw, tuple(f.name for f in fields(Tuning)), "tuning")
-        _check_keys({k: v for k, v in tuning_raw.items() if k not in _LIMIT_TUNING},
-                    tuple(f.name for f in fields(Tuning) if f.name not in _LIMIT_TUNING), "tuning", required=True)
+        optional = _LIMIT_TUNING + _LOOKUP_TUNING
+        _check_keys({k: v for k, v in tuning_raw.items() if k not in optional},
+                    tuple(f.name for f in fields(Tuning) if f.name not in optional), "tuning", required=True)
         source = data["source"]
         if source is not None and not isinstance(source, str):
             raise SpecError(f"source: must be a string or None, got {source!r}")
@@ -363,7 +370,15 @@ def _parse_link_values(raw: dict[str, Any], i: int) -> Link:
 def _parse_tuning(raw: dict[str, Any]) -> Tuning:
     values: dict[str, Any] = {}
     for key, value in raw.items():
-        if key in _INTEGER_TUNING or key in _INTEGER_TUNING_ZERO_OK:
+        if key == "lookup":
+            if value not in LOOKUP_MODES:
+                raise SpecError(f"tuning.lookup: must be one of {', '.join(map(repr, LOOKUP_MODES))}, got {value!r}")
+            values[key] = value
+        elif key == "central_node":
+            if not isinstance(value, str):
+                raise SpecError(f"tuning.central_node: must be a node name, got {value!r}")
+            values[key] = value
+        elif key in _INTEGER_TUNING or key in _INTEGER_TUNING_ZERO_OK:
             values[key] = _integer(value, f"tuning.{key}", 0 if key in _INTEGER_TUNING_ZERO_OK else 1, None)
         else:
             values[key] = _number(value, f"tuning.{key}", zero_ok=key in _ZERO_OK_TUNING)
@@ -455,6 +470,9 @@ def _validate(spec: ClusterSpec) -> None:
             raise SpecError(f"node {node.name!r}: netns needs launcher = \"local\" (it names a network "
                             f"namespace on this machine), got launcher = {spec.launcher!r}")
     _validate_shared_host(spec)
+    central = spec.tuning.central_node
+    if central and central not in spec.nodes:
+        raise SpecError(f"tuning.central_node: unknown node {central!r} (nodes: {', '.join(spec.nodes)})")
 
 
 def _validate_membership(spec: ClusterSpec) -> None:

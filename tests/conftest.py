@@ -112,6 +112,11 @@ def local_cluster(base: Path, name: str, sites: dict[str, list[str]],
                   top: str = "") -> Iterator[LocalCluster]:
     """Bring a cluster up for the duration of a block; always tear it down, also on failure."""
     base.mkdir(parents=True, exist_ok=True)
+    lookup = os.environ.get("GMOUNT_TEST_LOOKUP")  # run a suite against another locator ("index", "central")
+    if lookup and "lookup" not in tuning:
+        tuning = f'{tuning}\nlookup = "{lookup}"'
+    if os.environ.get("GMOUNT_TEST_TUNING"):  # more [tuning] lines for such a run, e.g. index_rescan = 0.01
+        tuning = f'{tuning}\n{os.environ["GMOUNT_TEST_TUNING"]}'
     spec = load_spec(write_cluster_file(base, name, sites, links, tuning, top))
     state: ClusterState | None = None
     try:

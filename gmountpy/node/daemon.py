@@ -26,6 +26,7 @@ import resource
 import signal
 import socket
 import sys
+from dataclasses import asdict
 from typing import Any, TextIO
 
 import pyfuse3
@@ -43,7 +44,8 @@ from . import readahead
 from .directories import directory_problems
 from .export import Export
 from .fuse import GmountOperations
-from .locator import FloodLocator
+from .index import DirectoryIndex, ExportWatcher, Homes, IndexLocator
+from .locator import FloodLocator, Locator
 from .namespace import Namespace
 from .peers import PeerAddress, PeerPool
 from .replicas import ReplicaTable
@@ -156,6 +158,20 @@ class NodeDaemon:
             } for loc in holders]
         return where
 
+    def _locator(self, pool: PeerPool) -> tuple[Locator, DirectoryIndex | None]:
+        """The locator `tuning.lookup` names; with a directory index, the index this node keeps as a home."""
+        tuning = self.spec.tuning
+        tiers = self.overlay.lookup_tiers(self.me)
+        if tuning.lookup == "flood":
+            return FloodLocator(pool, tiers, ttl=tuning.attr_ttl, negative_ttl=tuning.negative_ttl), None
+        nodes = tuple(self.spec.nodes)
+        central = (tuning.central_node or nodes[0]) if tuning.lookup == "central" else None
+        homes = Homes(nodes, {n: s.site for n, s in self.spec.nodes.items()}, central)
+        index = DirectoryIndex(pool, self.overlay.lookup_order(self.me),
+                               lease=IndexLocator.lease_for(tuning.negative_ttl), rescan=tuning.index_rescan,
+                               revoke_timeout=min(1.0, tuning.rpc_timeout / 3), ask_timeout=tuning.rpc_timeout / 3)
+        return IndexLocator(pool, tiers, homes, ttl=tuning.attr_ttl, negative_ttl=tuning.negative_ttl), index
+
     async def run(self, sock: socket.socket, peers: dict[str, PeerAddress], out: TextIO) -> None:
         shutdown = trio.Event()
 
@@ -164,7 +180,13 @@ class NodeDaemon:
 
         async def stats() -> dict[str, Any]:
             s = locator.statistics()
-            return {"node": self.me, "pid": os.getpid(), "inodes": len(ops.inodes),
+            lookup: dict[str, Any] = {"lookup": self.spec.tuning.lookup,
+                                      "messages_sent": dict(service.counters.messages)}
+            if isinstance(locator, IndexLocator):
+                lookup["fallbacks"] = locator.fallbacks
+            if index is not None:
+                lookup["index"] = asdict(index.statistics())
+            return {**lookup, "node": self.me, "pid": os.getpid(), "inodes": len(ops.inodes),
                     "open_files": len(ops._files), "cache_hits": s.hits, "cache_misses": s.misses,
                     "negative_hits": s.negative_hits, "remote_queries": s.remote_queries,
                     # against the [tuning] limits: what peers hold here, and what this node holds
@@ -189,10 +211,16 @@ class NodeDaemon:
             pool = PeerPool(self.me, service, self.secret, nursery, rpc_timeout=tuning.rpc_timeout,
                             connect_timeout=tuning.connect_timeout, ssl_context=client_tls)
             pool.set_peers(peers)
-            locator = FloodLocator(pool, self.overlay.lookup_tiers(self.me), ttl=tuning.attr_ttl,
-                                   negative_ttl=tuning.negative_ttl)
+            locator, index = self._locator(pool)
+            if index is not None and isinstance(locator, IndexLocator):
+                extra.update(index.operations())
+                watcher = ExportWatcher(pool, locator.homes)
+                extra.update(watcher.operations())
+                nursery.start_soon(_watch_export_forever, watcher, max(0.2, tuning.attr_ttl or 1.0))
             namespace = Namespace(self.me, {n: s.site for n, s in self.spec.nodes.items()}, self.export,
                                   pool, locator, nursery)
+            if isinstance(locator, IndexLocator):
+                nursery.start_soon(_flush_owed_forever, locator)
             extra["where"] = self._where(namespace)
             extra["created"] = namespace.created_elsewhere  # a peer created a name: forget "not found"
             service.on_created = namespace.created_by_put
@@ -209,6 +237,8 @@ class NodeDaemon:
                 """A node was (re)started elsewhere: learn its address and forget cached misses."""
                 pool.set_peers({name: PeerAddress(str(h), int(p)) for name, (h, p) in table.items()})
                 locator.forget_all()
+                if index is not None:
+                    index.forget_all()  # a node restarted: its export may have changed while it was down
 
             extra["set_peers"] = set_peers
 
@@ -284,6 +314,23 @@ async def _report_stalls(stream: TextIO, after: float = STALL_REPORT_AFTER) -> N
             await trio.sleep(after / 5)
     finally:
         faulthandler.cancel_dump_traceback_later()
+
+
+async def _watch_export_forever(watcher: ExportWatcher, interval: float) -> None:
+    """Files written straight into this node's export reach their homes within `interval` seconds."""
+    while True:
+        await trio.sleep(interval)
+        try:
+            await watcher.scan()
+        except OSError as exc:
+            log.warning("scanning the export for changes failed: %s", exc)
+
+
+async def _flush_owed_forever(locator: IndexLocator) -> None:
+    """Homes that were unreachable during a change hear of it once they answer again."""
+    while True:
+        await trio.sleep(1.0)
+        await locator.flush_owed()
 
 
 def _detach_stdio() -> None:

@@ -46,14 +46,32 @@ class AbsentForNow(FileNotFoundError):
     """
 
 
+#: How long a create waits for the other nodes to drop their "not found" (unreachable
+#: or slower nodes keep theirs until negative_ttl: see README, Consistency).
+ANNOUNCE_TIMEOUT = 1.0
+
+
 class Locator(Protocol):
-    """What the namespace needs from a locator (DESIGN.md: the locator seam)."""
+    """What the namespace needs from a locator (DESIGN.md: the locator seam).
+
+    The `announce_*` calls are made after a change to an export has happened (or, for
+    `claim`, before a create on this node) and return once every node that must know
+    of it knows: they carry the hand-off contract, whatever the lookup scheme.
+    """
 
     order: list[str]  # every node, in this node's lookup order
 
     def rank(self, node: str) -> int: ...
     async def find(self, path: str, *, fresh: bool = False) -> Location | None: ...
     async def find_all(self, path: str, *, strict: bool = False) -> list[Location]: ...
+    async def claim(self, path: str, *, is_dir: bool = False) -> Location | None: ...
+    async def withdraw(self, path: str) -> None: ...
+    async def announce_created(self, path: str, is_dir: bool = False) -> None: ...
+    async def announce_changed(self, path: str, location: Location) -> None: ...
+    async def announce_removed(self, path: str, nodes: list[str], is_dir: bool = False) -> None: ...
+    async def announce_renamed(self, src: str, dst: str, is_dir: bool, holders: list[str]) -> None: ...
+    async def announce_unsure(self, paths: list[str]) -> None: ...
+    def statistics(self) -> LocatorStatistics: ...
     def learn(self, path: str, location: Location) -> None: ...
     def note_created(self, path: str, location: Location) -> None: ...
     def note_removed(self, path: str) -> None: ...
@@ -251,6 +269,48 @@ class FloodLocator:
                 else:
                     nursery.start_soon(ask, node)
         return replies
+
+    # -- changes: every reachable node is told of a new name ----------------------------
+
+    async def claim(self, path: str, *, is_dir: bool = False) -> Location | None:
+        """Before a create here: the holder if any reachable node has `path` (asks them all, now)."""
+        try:
+            return await self.find(path, fresh=True)
+        except AbsentForNow:
+            return None  # unreachable nodes cannot be asked; a twin there is possible (README)
+
+    async def withdraw(self, path: str) -> None:
+        """The create after `claim` failed: nothing was announced, nothing to undo."""
+
+    async def announce_created(self, path: str, is_dir: bool = False) -> None:
+        """Tell every reachable node, in parallel, that `path` exists now (hand-off rule 1).
+
+        Waits at most ANNOUNCE_TIMEOUT: a node that does not answer in time (or is down)
+        keeps its "not found" until negative_ttl, as documented.
+        """
+        async def tell(node: str) -> None:
+            try:
+                with trio.move_on_after(ANNOUNCE_TIMEOUT):
+                    await self._peers.ask(node, msg.Created(path, is_dir))
+            except OSError as exc:
+                log.info("could not tell %s that %s was created: %s", node, path, exc)
+
+        async with open_nursery() as nursery:
+            for node in self.order:
+                if node != self._peers.me and not self._peers.is_down(node):
+                    nursery.start_soon(tell, node)
+
+    async def announce_changed(self, path: str, location: Location) -> None:
+        """Attributes changed: nobody else keeps them beyond the TTL, nothing to send."""
+
+    async def announce_removed(self, path: str, nodes: list[str], is_dir: bool = False) -> None:
+        """Removed from `nodes`: searches ask the disks, nothing to send."""
+
+    async def announce_renamed(self, src: str, dst: str, is_dir: bool, holders: list[str]) -> None:
+        await self.announce_created(dst, is_dir)  # the new name must not be "not found" anywhere
+
+    async def announce_unsure(self, paths: list[str]) -> None:
+        """A change failed half-way: searches ask the disks, nothing to repair."""
 
     # -- being told --------------------------------------------------------
 

@@ -29,6 +29,7 @@ import os
 import stat
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import trio
 
@@ -37,7 +38,7 @@ from .._trio import open_nursery
 from ..errors import PeerUnavailable
 from ..messages import DirEntry
 from .export import Attr, Export, off_loop, pread, pwrite, split_path
-from .locator import AbsentForNow, Location, Locator
+from .locator import Location, Locator
 from .peers import PeerPool
 from .readahead import ReadAhead
 from .service import LISTDIR_MAX, MAX_IO
@@ -46,11 +47,9 @@ XATTR_PREFIX = "user.gmount."
 VIRTUAL_XATTRS = ("user.gmount.node", "user.gmount.site", "user.gmount.where", "user.gmount.local_path")
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
-#: How long a create waits for the other nodes to drop their "not found" (unreachable
-#: or slower nodes keep theirs until negative_ttl: see README, Consistency).
-ANNOUNCE_TIMEOUT = 1.0
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -216,10 +215,16 @@ class Namespace:
         location = await (self._original(path) if writing else self.lookup(path))
         try:
             return await self._open_at(location, path, flags)
+        except PeerUnavailable:
+            if flags & os.O_TRUNC:  # the holder may have truncated it before its reply was lost
+                with trio.CancelScope(shield=True):
+                    await self.locator.announce_unsure([path])
+            raise
         except FileNotFoundError:
             # The cached holder no longer has it (moved, replaced, removed): ask again
             # past the caches before answering "no such file".
             self.locator.invalidate(path)
+            await self.locator.announce_unsure([path])  # an index that named that holder is wrong
             location = await (self._original(path) if writing else self.lookup(path))
             return await self._open_at(location, path, flags)
 
@@ -238,6 +243,7 @@ class Namespace:
                 opened.reader = ReadAhead(lambda off, size: self._read_remote(reader, off, size), self._nursery)
         if flags & os.O_TRUNC:  # the size cached before the open is wrong now
             self.locator.learn(path, Location(opened.node, opened.attr))
+            await self.locator.announce_changed(path, Location(opened.node, opened.attr))
         return opened
 
     async def create(self, path: str, flags: int, mode: int) -> FileHandle:
@@ -249,37 +255,30 @@ class Namespace:
             if existing.attr.is_dir:
                 raise IsADirectoryError(errno.EISDIR, f"{path} is a directory (on node {existing.node})")
             return await self.open(path, flags & ~(os.O_CREAT | os.O_EXCL))
-        fd = await off_loop(self.export.create, path, flags, mode)
+        fd = await self._made_here(path, lambda: off_loop(self.export.create, path, flags, mode))
         attr = Attr.from_stat(os.fstat(fd))
         self.locator.note_created(path, Location(self.me, attr))
         handle = FileHandle(path, self.me, attr, fd=fd, wrote=True)
         await self._announce_created(path)
         return handle
 
-    async def _find_everywhere(self, path: str) -> Location | None:
-        """Ask every reachable node now (no cache): does `path` exist? (before a create)"""
+    async def _find_everywhere(self, path: str, is_dir: bool = False) -> Location | None:
+        """Does `path` exist anywhere reachable, now (no cache)? If not, it is claimed for this node
+        (the create must follow, or be withdrawn: `_made_here`)."""
+        return await self.locator.claim(path, is_dir=is_dir)
+
+    async def _made_here(self, path: str, make: Callable[[], Awaitable[T]]) -> T:
+        """Make the claimed `path` in this export; a failure withdraws the claim."""
         try:
-            return await self.locator.find(path, fresh=True)
-        except AbsentForNow:
-            return None  # unreachable nodes cannot be asked; a twin there is possible (README)
+            return await make()
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self.locator.withdraw(path)
+            raise
 
     async def _announce_created(self, path: str, is_dir: bool = False) -> None:
-        """Tell every reachable node, in parallel, that `path` exists now (hand-off rule 1).
-
-        Waits at most ANNOUNCE_TIMEOUT: a node that does not answer in time (or is down)
-        keeps its "not found" until negative_ttl, as documented.
-        """
-        async def tell(node: str) -> None:
-            try:
-                with trio.move_on_after(ANNOUNCE_TIMEOUT):
-                    await self.peers.ask(node, msg.Created(path, is_dir))
-            except OSError as exc:
-                log.info("could not tell %s that %s was created: %s", node, path, exc)
-
-        async with open_nursery() as nursery:
-            for node in self.locator.order:
-                if node != self.me and not self.peers.is_down(node):
-                    nursery.start_soon(tell, node)
+        """Every node that must know of the new `path` knows when this returns (hand-off rule 1)."""
+        await self.locator.announce_created(path, is_dir)
 
     async def created_by_put(self, path: str, attr: Attr) -> None:
         """A put from outside the mount (API, fsspec, Snakemake storage) made `path` in this export:
@@ -364,6 +363,8 @@ class Namespace:
                 if path is not None:
                     self.locator.invalidate(path)
             os.close(handle.fd)
+            if path is not None and final is not None:
+                await self.locator.announce_changed(path, Location(handle.node, final))
             return final
         if handle.reader is not None:
             handle.reader.close()
@@ -375,26 +376,30 @@ class Namespace:
             await self.peers.ask(handle.node, msg.Close(handle.remote_handle))
         except OSError:
             pass  # the holder is gone; its side closed with the connection
+        if path is not None and final is not None:
+            await self.locator.announce_changed(path, Location(handle.node, final))
+        elif path is not None and handle.wrote:  # written, but its final size is not known here
+            await self.locator.announce_unsure([path])
         return final
 
     # -- namespace changes ---------------------------------------------------
 
     async def mkdir(self, path: str, mode: int) -> Attr:
-        await self._refuse_existing(path)
-        attr = await off_loop(self.export.mkdir, path, mode)
+        await self._refuse_existing(path, is_dir=True)
+        attr = await self._made_here(path, lambda: off_loop(self.export.mkdir, path, mode))
         self.locator.note_created(path, Location(self.me, attr))
         await self._announce_created(path, is_dir=True)
         return attr
 
     async def symlink(self, target: str, path: str) -> Attr:
         await self._refuse_existing(path)
-        attr = await off_loop(self.export.symlink, target, path)
+        attr = await self._made_here(path, lambda: off_loop(self.export.symlink, target, path))
         self.locator.note_created(path, Location(self.me, attr))
         await self._announce_created(path)
         return attr
 
-    async def _refuse_existing(self, path: str) -> None:
-        existing = await self._find_everywhere(path)
+    async def _refuse_existing(self, path: str, is_dir: bool = False) -> None:
+        existing = await self._find_everywhere(path, is_dir)
         if existing is not None:
             raise FileExistsError(errno.EEXIST, f"{path} exists (on node {existing.node})")
 
@@ -412,6 +417,12 @@ class Namespace:
             for location in holders:
                 if not location.attr.is_dir:
                     await self.peers.ask(location.node, msg.Unlink(path))
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self.locator.announce_unsure([path])
+            raise
+        else:
+            await self.locator.announce_removed(path, [loc.node for loc in holders if not loc.attr.is_dir])
         finally:
             if any(location.attr.is_dir for location in holders):
                 self.locator.invalidate(path)  # a directory of that name remains elsewhere
@@ -425,6 +436,12 @@ class Namespace:
         try:
             for location in holders:
                 await self.peers.ask(location.node, msg.Rmdir(path))
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self.locator.announce_unsure([path])
+            raise
+        else:
+            await self.locator.announce_removed(path, [loc.node for loc in holders], is_dir=True)
         finally:
             self.locator.note_removed(path)
 
@@ -444,9 +461,15 @@ class Namespace:
                 await self._rename_dir(src, dst, sources, targets)
             else:
                 await self._rename_file(src, dst, sources, targets)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self.locator.announce_unsure([src, dst])
+            raise
         finally:
             self.locator.note_renamed(src, dst, is_dir)
-        await self._announce_created(dst, is_dir)  # the new name must not be "not found" anywhere
+        moved = ([loc.node for loc in sources if loc.attr.is_dir] if is_dir else
+                 [next(loc.node for loc in sources if loc.replica_of is None)])
+        await self.locator.announce_renamed(src, dst, is_dir, moved)  # no node may say "not found" for dst
         return is_dir
 
     async def _rename_file(self, src: str, dst: str, sources: list[Location], targets: list[Location]) -> None:
@@ -502,6 +525,7 @@ class Namespace:
         if attr is None:
             attr = (await self.lookup(path)).attr
         self.locator.learn(path, Location(node, attr))
+        await self.locator.announce_changed(path, Location(node, attr))
         return attr
 
     # -- extended attributes ---------------------------------------------------
@@ -559,7 +583,7 @@ class Namespace:
         talk through it; processes on different nodes each get their own node's pipe.
         """
         await self._refuse_existing(path)
-        attr = await off_loop(self.export.mknod, path, mode, rdev)
+        attr = await self._made_here(path, lambda: off_loop(self.export.mknod, path, mode, rdev))
         self.locator.note_created(path, Location(self.me, attr))
         await self._announce_created(path)
         return attr
@@ -578,7 +602,7 @@ class Namespace:
         if location.attr.is_dir:
             raise PermissionError(errno.EPERM, f"{src} is a directory")
         await self._refuse_existing(dst)
-        attr = await off_loop(self.export.link, src, dst)
+        attr = await self._made_here(dst, lambda: off_loop(self.export.link, src, dst))
         self.locator.note_created(dst, Location(self.me, attr))
         self.locator.learn(src, Location(self.me, attr))  # same inode: nlink changed for both names
         await self._announce_created(dst)
@@ -590,4 +614,5 @@ class Namespace:
         location = await self._original(path)
         attr = await self.peers.ask(location.node, msg.Chown(path, uid, gid))
         self.locator.learn(path, Location(location.node, attr))
+        await self.locator.announce_changed(path, Location(location.node, attr))
         return attr

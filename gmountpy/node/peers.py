@@ -91,6 +91,7 @@ class PeerPool:
         """Run `op` on `node`; raises OSError (PeerUnavailable when unreachable)."""
         if node == self.me:
             return await self._service.dispatch(self._local_session, op, list(args))
+        self._service.counters.messages[op] += 1
         client = await self._client(node)
         try:
             return await client.call(op, *args, timeout=timeout or self.rpc_timeout)

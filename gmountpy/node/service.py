@@ -14,6 +14,7 @@ import inspect
 import logging
 import os
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -178,6 +179,9 @@ class IOCounters:
     def __init__(self) -> None:
         self.read_local = self.read_remote = self.write_local = self.write_remote = 0
         self.served_read = self.served_write = 0
+        #: requests this node sent to other nodes, by operation (PeerPool counts them): in the
+        #: snapshot as `messages_sent` and `messages.<op>`, so tests and benchmarks count messages/op
+        self.messages: Counter[str] = Counter()
 
     def mount_read(self, local: bool, size: int) -> None:
         if local:
@@ -192,7 +196,10 @@ class IOCounters:
             self.write_remote += size
 
     def snapshot(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.FIELDS}
+        counts = {name: getattr(self, name) for name in self.FIELDS}
+        counts["messages_sent"] = sum(self.messages.values())
+        counts.update({f"messages.{op}": n for op, n in sorted(self.messages.items())})
+        return counts
 
 
 def _int(value: Any, name: str) -> int:

@@ -22,6 +22,7 @@ from .. import messages as msg
 from .._trio import open_nursery
 from ..messages import StageReply
 from .export import Attr, Export, off_loop
+from .locator import Location
 from .namespace import Namespace
 from .replicas import STAGED_XATTR, Replica, staged_mark
 from .service import MAX_IO, NodeService, sync_and_hash
@@ -81,6 +82,8 @@ async def stage_file(namespace: Namespace, service: NodeService, path: str) -> S
             pass
         await off_loop(service.replicas.end_staging, [temporary])
     namespace.locator.invalidate(path)
+    copied = await off_loop(namespace.export.lstat, path)
+    await namespace.locator.announce_changed(path, Location(namespace.me, copied, replica_of=source.node))
     return {"status": "copied", "source": source.node, "size": size, "sha256": digest,
             "seconds": time.monotonic() - started}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +21,8 @@ import trio
 from gmountpy import rpc
 from gmountpy.config import ClusterSpec, parse_spec
 from gmountpy.node.export import Export
-from gmountpy.node.locator import FloodLocator
+from gmountpy.node.index import DirectoryIndex, ExportWatcher, Homes, IndexLocator
+from gmountpy.node.locator import FloodLocator, Locator
 from gmountpy.node.namespace import Namespace
 from gmountpy.node.peers import PeerAddress, PeerPool
 from gmountpy.node.service import NodeService
@@ -59,9 +60,14 @@ class Node:
     #: op -> errno the server answers it with (a holder whose disk or permissions fail)
     fail: dict[str, int] = field(default_factory=dict)
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    #: with a directory index: told of files put straight on disk, so that homes list their
+    #: directories again ("as if it was there before the cluster"; a live export is rescanned later)
+    on_disk_change: Callable[[str], None] | None = None
     address: PeerAddress | None = None
     pool: PeerPool = field(init=False)
-    locator: FloodLocator = field(init=False)
+    locator: Locator = field(init=False)
+    index: DirectoryIndex | None = None  # with lookup = "index" or "central": what this node keeps as a home
+    watcher: ExportWatcher | None = None  # and what watches its export (scan() by hand: no background task)
     namespace: Namespace = field(init=False)
 
     async def dispatch(self, session: rpc.Session, op: str, args: list[Any]) -> Any:
@@ -88,11 +94,15 @@ class Node:
         path = self.path(rel)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
+        if self.on_disk_change is not None:
+            self.on_disk_change(rel)
         return path
 
     def mkdir(self, rel: str) -> Path:
         path = self.path(rel)
         path.mkdir(parents=True, exist_ok=True)
+        if self.on_disk_change is not None:
+            self.on_disk_change(rel)
         return path
 
     def has(self, rel: str) -> bool:
@@ -142,6 +152,13 @@ class Cluster:
             node.locator.forget_all()
 
 
+def _forget_indexes(nodes: dict[str, Node]) -> None:
+    """Every home lists its directories again (parents of the new file may be new too)."""
+    for node in nodes.values():
+        if node.index is not None:
+            node.index.forget(["/"])
+
+
 def _created_on(nodes: dict[str, Node], name: str) -> Any:
     """The daemon's `created` operation (another node created a path), wired as daemon.py wires it."""
     async def created(path: str, is_dir: bool = False) -> None:
@@ -158,20 +175,23 @@ async def open_cluster(
     rpc_timeout: float = 2.0,
     connect_timeout: float = 1.0,
     retry_after: float = 2.0,
+    lookup: str | None = None,
 ) -> AsyncIterator[Cluster]:
     """Bring up the four nodes; everything is closed when the block ends.
 
     The default TTLs are long so that tests are deterministic; tests of expiry
     pass short ones or jump a MockClock.
     """
+    lookup = lookup or os.environ.get("GMOUNT_TEST_LOOKUP") or "flood"  # run a suite against the index
     spec = make_spec(base)
     overlay = Overlay(spec)
     nodes: dict[str, Node] = {}
+    extras: dict[str, dict[str, Any]] = {}
     for name, node_spec in spec.nodes.items():
         os.makedirs(node_spec.export)
         export = Export(node_spec.export)
         info = {"node": name, "site": node_spec.site, "cluster": spec.name, "export": node_spec.export}
-        extra = {"created": _created_on(nodes, name)}
+        extra = extras[name] = {"created": _created_on(nodes, name)}
         nodes[name] = Node(name, node_spec.site, Path(export.root), export, NodeService(export, info, extra))
     try:
         async with open_nursery() as nursery:
@@ -185,8 +205,19 @@ async def open_cluster(
                 node.pool = PeerPool(name, node.service, SECRET, nursery, rpc_timeout=rpc_timeout,
                                      connect_timeout=connect_timeout, retry_after=retry_after)
                 node.pool.set_peers(addresses)
-                node.locator = FloodLocator(node.pool, overlay.lookup_tiers(name), ttl=ttl,
-                                            negative_ttl=negative_ttl)
+                if lookup == "flood":
+                    node.locator = FloodLocator(node.pool, overlay.lookup_tiers(name), ttl=ttl,
+                                                negative_ttl=negative_ttl)
+                else:  # as daemon.py wires it
+                    homes = Homes(tuple(nodes), sites, "n1" if lookup == "central" else None)
+                    node.index = DirectoryIndex(node.pool, overlay.lookup_order(name),
+                                                lease=IndexLocator.lease_for(negative_ttl))
+                    extras[name].update(node.index.operations())
+                    node.watcher = ExportWatcher(node.pool, homes)
+                    extras[name].update(node.watcher.operations())
+                    node.locator = IndexLocator(node.pool, overlay.lookup_tiers(name), homes, ttl=ttl,
+                                                negative_ttl=negative_ttl)
+                    node.on_disk_change = lambda rel: _forget_indexes(nodes)
                 node.namespace = Namespace(name, sites, node.export, node.pool, node.locator, nursery)
                 node.service.on_created = node.namespace.created_by_put  # as daemon.py wires it
             try:

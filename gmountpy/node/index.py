@@ -1,0 +1,1005 @@
+"""Lookups that never flood: a homed directory index behind the `Locator` seam (issue 13).
+
+Every directory has a **home** node, chosen by rendezvous hashing of the
+directory's path over all nodes (`lookup = "index"`), or one fixed node for
+every directory (`lookup = "central"`, the central-metadata baseline). The
+home keeps the exact index of that directory -- name -> holders, each with
+its attributes -- and answers three questions in one round trip: who holds
+this name (`index_lookup`), may this node create it (`index_claim`), and
+here is a change (`index_set`, `index_drop`, `index_replace`, `index_forget`).
+
+A node looks a path up in its own export first (0 messages), then in its
+short caches (0), then asks the home (1 round trip); a miss is the home's
+negative answer, never a search of every node. A negative answer is a
+*lease*: the home remembers who was told "not found" and, before a claim or a
+new name returns, tells those nodes (the `created` operation, which also
+drops the kernel's negative entries). So hand-off rule 1 holds with one round
+trip per create.
+
+The index is soft state. A home builds a directory's index on first demand by
+asking every node once for its listing of that directory, and again when it
+is older than `tuning.index_rescan` seconds: files written straight into an
+export (outside the mount) are seen by other nodes within that time (at once
+on their own node, whose export is read first). Changes that arrive while a
+directory is being built are replayed over the listings; claims not yet
+visible on disk survive a rebuild. When a home cannot be reached, a node
+falls back to GMount's search (FloodLocator) and answers misses with an
+uncacheable ENOENT; the changes it made meanwhile are owed to that home,
+which is told to rebuild those directories before it is asked anything else.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+from collections import Counter, OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import trio
+
+from .. import messages as msg
+from .._trio import open_nursery
+from ..errors import PeerUnavailable
+from .export import Attr
+from .locator import (
+    ANNOUNCE_TIMEOUT,
+    AbsentForNow,
+    FloodLocator,
+    Location,
+    LocatorStatistics,
+)
+
+log = logging.getLogger(__name__)
+
+#: A claim whose file the home cannot see on its holder yet counts as "being created" this long
+#: (a create takes milliseconds; this covers a loaded node); after that (the creator died, or its
+#: create failed and the withdrawal was lost) it is dropped. Meanwhile a create of the same name
+#: elsewhere fails with EAGAIN.
+CLAIM_GRACE = 10.0
+#: Entries in one listdir reply before a home pages through a snapshot (service.LISTDIR_MAX).
+_PAGE = 50_000
+
+
+class Peers(Protocol):
+    """What the index needs of the peer pool (PeerPool, or a test's in-memory network)."""
+
+    me: str
+
+    async def call(self, node: str, op: str, *args: Any, timeout: float | None = None) -> Any: ...
+    def is_down(self, node: str) -> bool: ...
+
+
+# -- where a directory lives --------------------------------------------------------------------
+
+
+def _weight(node: str, directory: str) -> int:
+    digest = hashlib.blake2b(f"{node}\0{directory}".encode("utf-8", "surrogateescape"), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def rendezvous_order(directory: str, nodes: Sequence[str]) -> list[str]:
+    """All nodes, the home of `directory` first (highest rendezvous weight; ties by name)."""
+    return sorted(nodes, key=lambda node: (-_weight(node, directory), node))
+
+
+@dataclass(frozen=True)
+class Homes:
+    """Which node is the home of a directory, and which one would take over.
+
+    `central` set: that node is the home of every directory (the baseline of a
+    central metadata server). Otherwise rendezvous hashing over `nodes`: adding
+    or removing a node moves only the directories it wins or held. The backup
+    is the next-ranked node at the home's site, else the next-ranked node.
+    """
+
+    nodes: tuple[str, ...]
+    site_of: dict[str, str] = field(default_factory=dict)
+    central: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            raise ValueError("`nodes` must name at least one node")
+        if self.central is not None and self.central not in self.nodes:
+            raise ValueError(f"`central` must be one of the nodes, got {self.central!r}")
+
+    def home(self, directory: str) -> str:
+        if self.central is not None:
+            return self.central
+        return max(self.nodes, key=lambda node: (_weight(node, directory), node))
+
+    def backup(self, directory: str) -> str | None:
+        order = rendezvous_order(directory, self.nodes)
+        home = self.central or order[0]
+        rest = [node for node in order if node != home]
+        same_site = [node for node in rest if self.site_of.get(node) == self.site_of.get(home)]
+        candidates = same_site or rest
+        return candidates[0] if candidates else None
+
+
+def split_parent(path: str) -> tuple[str, str]:
+    """("/a/b", "c") for "/a/b/c"; ("/", "c") for "/c"."""
+    directory, _, name = path.rpartition("/")
+    return directory or "/", name
+
+
+def _join(directory: str, name: str) -> str:
+    return "/" + name if directory == "/" else f"{directory}/{name}"
+
+
+def _under(path: str, prefix: str) -> bool:
+    return prefix == "/" or path == prefix or path.startswith(prefix + "/")
+
+
+# -- the home's side -------------------------------------------------------------------------------
+
+
+@dataclass
+class _Holder:
+    is_dir: bool
+    attr: Attr | None              # None: claimed (being created) or renamed here; asked of the holder
+    replica_of: str | None = None  # a staged replica of that node's file
+    since: float = 0.0             # when it was claimed
+
+
+_Entries = dict[str, dict[str, _Holder]]          # name -> node -> holder
+_Change = tuple[str, str | None, _Holder | None]  # (name, node or None = every node, holder or None = removed)
+
+
+@dataclass
+class _Directory:
+    entries: _Entries
+    built_at: float
+    missing: tuple[str, ...]  # nodes that could not be listed: misses are not definite
+
+
+@dataclass(frozen=True)
+class IndexStatistics:
+    directories: int
+    builds: int
+    lookups: int
+    negatives_leased: int
+    revocations: int
+
+
+class DirectoryIndex:
+    """The index a home keeps for the directories it is home of, served as `index_*` operations.
+
+    `order`: every node (the listings of a directory come from all of them).
+    `lease`: seconds a "not found" handed out stays recorded (and so revoked by a create).
+    `rescan`: seconds after which a directory is listed again (0: never).
+    `ask_timeout`: how long the home waits for a node it asks (a listing, a holder's attributes);
+    shorter than the askers' own timeout, so one hung node makes a directory incomplete
+    rather than its home look dead.
+    """
+
+    def __init__(self, peers: Peers, order: Sequence[str], *, lease: float, rescan: float = 30.0,
+                 revoke_timeout: float = ANNOUNCE_TIMEOUT, ask_timeout: float | None = None) -> None:
+        if lease < 0:
+            raise ValueError(f"`lease` must be non-negative, got {lease!r}")
+        if rescan < 0:
+            raise ValueError(f"`rescan` must be non-negative, got {rescan!r}")
+        self._peers = peers
+        self.order = list(order)
+        self.lease = lease
+        self.rescan = rescan
+        self.revoke_timeout = revoke_timeout
+        self.ask_timeout = ask_timeout
+        self._dirs: dict[str, _Directory] = {}
+        self._building: dict[str, list[_Change]] = {}  # directory -> changes that arrived meanwhile
+        self._built: dict[str, trio.Event] = {}
+        self._outdated: set[str] = set()  # forgotten while being built: built again when next asked
+        # directory -> name -> node -> lease expiry. Kept apart from the entries: a rebuild
+        # must not forget who holds a "not found", or a create would not revoke it.
+        self._negatives: dict[str, dict[str, dict[str, float]]] = {}
+        self._builds = self._lookups = self._leased = self._revocations = 0
+
+    def operations(self) -> dict[str, Callable[..., Awaitable[Any]]]:
+        """The RPC operations, for NodeService's `extra` table."""
+        return {"index_lookup": self.op_lookup, "index_claim": self.op_claim, "index_set": self.op_set,
+                "index_drop": self.op_drop, "index_replace": self.op_replace, "index_forget": self.op_forget,
+                "index_sync": self.op_sync}
+
+    def forget_all(self) -> None:
+        """Drop every built directory (a node restarted: its export may differ); leases are kept."""
+        self._dirs.clear()
+
+    def statistics(self) -> IndexStatistics:
+        return IndexStatistics(len(self._dirs), self._builds, self._lookups, self._leased, self._revocations)
+
+    # -- building ------------------------------------------------------------
+
+    async def _directory(self, directory: str) -> _Directory:
+        while True:
+            now = trio.current_time()
+            current = self._dirs.get(directory)
+            if current is not None and not current.missing and \
+                    (self.rescan <= 0 or now - current.built_at < self.rescan):
+                return current
+            event = self._built.get(directory)
+            if event is None:
+                return await self._build(directory)
+            await event.wait()
+            built = self._dirs.get(directory)
+            if built is not None:
+                return built  # as built just now, even with nodes missing: do not list again at once
+
+    async def _build(self, directory: str) -> _Directory:
+        self._builds += 1
+        self._built[directory] = done = trio.Event()
+        changes: list[_Change] = []
+        self._building[directory] = changes
+        try:
+            listings: dict[str, list[Any]] = {}
+            missing: list[str] = []
+
+            async def fetch(node: str) -> None:
+                try:
+                    entries = await self._list(node, directory)
+                except PeerUnavailable:
+                    missing.append(node)
+                    return
+                except OSError as exc:
+                    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                        return
+                    log.warning("listing %s on %s for its index failed: %s", directory, node, exc)
+                    missing.append(node)
+                    return
+                if entries is not None:
+                    listings[node] = entries
+
+            started = trio.current_time()
+            async with open_nursery() as nursery:
+                for node in self.order:
+                    if self._peers.is_down(node):
+                        missing.append(node)
+                    else:
+                        nursery.start_soon(fetch, node)
+            entries: _Entries = {}
+            for node, listing in listings.items():
+                for entry in listing:
+                    attr = Attr.from_wire(entry[1])
+                    replica_of = str(entry[2]) if len(entry) > 2 else None
+                    entries.setdefault(str(entry[0]), {})[node] = _Holder(attr.is_dir, attr, replica_of)
+            old = self._dirs.get(directory)
+            if old is not None:  # claims whose files are not on disk yet survive the rebuild
+                for name, holders in old.entries.items():
+                    for node, holder in holders.items():
+                        if holder.attr is None and node not in entries.get(name, {}):
+                            entries.setdefault(name, {})[node] = holder
+            for change in changes:  # what happened while the listings were taken, in order
+                _apply(entries, change)
+            built = _Directory(entries, started, tuple(sorted(missing)))
+            if directory in self._outdated:
+                self._outdated.discard(directory)
+                return built  # good enough for this caller (it asked before the change); not kept
+            self._dirs[directory] = built
+            return built
+        finally:
+            del self._building[directory]
+            del self._built[directory]
+            done.set()
+
+    async def _list(self, node: str, directory: str) -> list[Any] | None:
+        try:
+            listing: list[Any] | None = await self._peers.call(node, "index_listdir", directory,
+                                                               timeout=self.ask_timeout)
+            return listing
+        except OSError as exc:
+            if exc.errno != errno.EFBIG:
+                raise
+        opened = await self._peers.call(node, "opendir", directory)
+        if opened is None:
+            return None
+        handle, count = opened
+        entries: list[Any] = []
+        try:
+            while len(entries) < count:
+                page = await self._peers.call(node, "readdir", handle, len(entries), _PAGE)
+                if not page:
+                    break
+                entries.extend(page)
+        finally:
+            await self._peers.call(node, "closedir", handle)
+        return entries
+
+    def _change(self, directory: str, change: _Change) -> None:
+        """Apply to the built directory, and log it for a build under way."""
+        current = self._dirs.get(directory)
+        if current is not None:
+            _apply(current.entries, change)
+        building = self._building.get(directory)
+        if building is not None:
+            building.append(change)
+
+    # -- answers ---------------------------------------------------------------
+
+    async def _resolved(self, directory: str, name: str) -> tuple[list[list[Any]], bool, bool]:
+        """([node, attr, replica_of] of every holder, complete, pending) for one name.
+
+        Claimed entries get their attributes from their holder here (one message from the
+        home, once): a holder without the file yet is "pending" if the claim is recent.
+        """
+        built = await self._directory(directory)
+        holders = dict(built.entries.get(name, {}))
+        pending = False
+        path = _join(directory, name)
+        for node, holder in list(holders.items()):
+            if holder.attr is not None:
+                continue
+            del holders[node]
+            try:
+                value = await self._peers.call(node, "lookup", path, timeout=self.ask_timeout)
+            except OSError as exc:
+                log.info("holder %s of %s could not be asked for its attributes: %s", node, path, exc)
+                pending = True  # it may well have it: neither "here" nor "not here"
+                continue
+            current = self._dirs.get(directory)
+            if value is None:
+                if trio.current_time() - holder.since < CLAIM_GRACE:
+                    pending = True  # being created right now: neither "here" nor "not here" yet
+                elif current is not None and current.entries.get(name, {}).get(node) is holder:
+                    _apply(current.entries, (name, node, None))  # a create that never happened
+                continue
+            attr = Attr.from_wire(value)
+            holders[node] = resolved = _Holder(attr.is_dir, attr, holder.replica_of)
+            if current is not None and current.entries.get(name, {}).get(node) is holder:
+                current.entries[name][node] = resolved
+        current = self._dirs.get(directory)
+        complete = current is not None and not current.missing
+        found = [[node, holder.attr, holder.replica_of] for node, holder in holders.items()
+                 if holder.attr is not None]
+        return found, complete, pending
+
+    async def op_lookup(self, directory: str, name: str, asker: str | None = None) -> dict[str, Any]:
+        """Every holder of `name` in `directory`. A definite "none" to `asker` is leased to it:
+        the reply's `lease` is how long this home will revoke it (tell `asker` of a create)."""
+        self._lookups += 1
+        holders, complete, pending = await self._resolved(directory, name)
+        lease = 0.0
+        if not holders and complete and not pending and asker is not None and self.lease > 0:
+            names = self._negatives.setdefault(directory, {})
+            names.setdefault(name, {})[str(asker)] = trio.current_time() + self.lease
+            self._leased += 1
+            lease = self.lease
+        return {"holders": holders, "complete": complete, "pending": pending, "lease": lease}
+
+    async def op_claim(self, directory: str, name: str, node: str, is_dir: bool = False,
+                       exclusive: bool = True) -> list[list[Any]] | None:
+        """`node` is about to create `name`: the existing holders if there are any (nothing is
+        claimed then), else None -- the name is recorded for `node` and every node holding a
+        "not found" for it has been told before this returns.
+
+        `exclusive` False (a parent directory a create makes on `node`): a directory merges
+        with the directories of that name elsewhere, so it is always recorded.
+        """
+        holders, _, pending = await self._resolved(directory, name)
+        others = [h for h in holders if h[0] != node]
+        if exclusive and (others or pending):
+            if not others:
+                raise OSError(errno.EAGAIN, f"{_join(directory, name)} is being created on another node; "
+                                            "try again")
+            return others
+        self._change(directory, (name, node, _Holder(bool(is_dir), None, None, trio.current_time())))
+        await self._revoke(directory, name, bool(is_dir), but=node)
+        return None
+
+    async def op_set(self, directory: str, name: str, node: str, attr: Any, replica_of: str | None = None,
+                     is_dir: bool = False) -> None:
+        """`node` holds `name` with these attributes (None: ask it) -- after a write, a put, a staging."""
+        value = None if attr is None else Attr.from_wire(attr)
+        holder = _Holder(value.is_dir if value is not None else bool(is_dir), value,
+                         None if replica_of is None else str(replica_of), trio.current_time())
+        self._change(directory, (name, node, holder))
+        await self._revoke(directory, name, holder.is_dir, but=node)
+
+    async def op_drop(self, directory: str, name: str, nodes: list[str] | None = None) -> None:
+        """`name` is gone from `nodes` (None: from every node)."""
+        if nodes is None:
+            self._change(directory, (name, None, None))
+        else:
+            for node in nodes:
+                self._change(directory, (name, str(node), None))
+
+    async def op_replace(self, directory: str, name: str, nodes: list[str], is_dir: bool) -> None:
+        """After a rename to `name`: exactly `nodes` hold it now (their attributes are asked later)."""
+        self._change(directory, (name, None, None))
+        now = trio.current_time()
+        for node in nodes:
+            self._change(directory, (name, str(node), _Holder(bool(is_dir), None, None, now)))
+        await self._revoke(directory, name, bool(is_dir), but=None)
+
+    async def op_sync(self, directory: str, node: str, listing: list[Any]) -> None:
+        """`node`'s export changed outside the mount: these are all its entries in `directory` now.
+
+        Names new to the directory revoke the "not found" handed out for them, like a create.
+        """
+        if directory in self._building:
+            self._outdated.add(directory)  # its listing of `node` may predate this
+        current = self._dirs.get(directory)
+        if current is None:
+            return  # not built: the next build lists it anyway
+        now = trio.current_time()
+        seen: dict[str, _Holder] = {}
+        for entry in listing:
+            attr = Attr.from_wire(entry[1])
+            seen[str(entry[0])] = _Holder(attr.is_dir, attr, str(entry[2]) if len(entry) > 2 else None)
+        new_names = [name for name in seen if not current.entries.get(name)]
+        for name, holders in list(current.entries.items()):
+            holder = holders.get(node)
+            being_created = holder is not None and holder.attr is None and now - holder.since < CLAIM_GRACE
+            if holder is not None and name not in seen and not being_created:
+                self._change(directory, (name, node, None))
+        for name, holder in seen.items():
+            self._change(directory, (name, node, holder))
+        for name in new_names:
+            await self._revoke(directory, name, seen[name].is_dir, but=None)
+
+    async def op_forget(self, prefixes: list[str]) -> None:
+        """Directories under `prefixes` changed wholesale (renamed, removed, or a change failed
+        half-way): build their indexes again from the exports when next asked."""
+        self.forget([str(prefix) for prefix in prefixes])
+
+    def forget(self, prefixes: list[str]) -> None:
+        for directory in list(self._dirs):
+            if any(_under(directory, str(prefix)) for prefix in prefixes):
+                del self._dirs[directory]
+        for directory in self._building:
+            if any(_under(directory, str(prefix)) for prefix in prefixes):
+                self._outdated.add(directory)  # its listings under way may predate the change
+
+    async def _revoke(self, directory: str, name: str, is_dir: bool, *, but: str | None) -> None:
+        """Tell every node holding an unexpired "not found" for the name that it exists now."""
+        names = self._negatives.get(directory)
+        leases = names.pop(name, None) if names is not None else None
+        if names is not None and not names:
+            del self._negatives[directory]
+        if not leases:
+            return
+        now = trio.current_time()
+        path = _join(directory, name)
+
+        async def tell(node: str) -> None:
+            self._revocations += 1
+            try:
+                with trio.move_on_after(self.revoke_timeout):
+                    await self._peers.call(node, "created", path, is_dir)
+            except OSError as exc:
+                log.info("could not tell %s that %s exists: %s", node, path, exc)
+
+        async with open_nursery() as nursery:
+            for node, until in leases.items():
+                if until > now and node != but:
+                    nursery.start_soon(tell, node)
+
+
+def _apply(entries: _Entries, change: _Change) -> None:
+    name, node, holder = change
+    if not name:
+        return
+    if node is None:
+        entries.pop(name, None)
+        return
+    if holder is None:
+        holders = entries.get(name)
+        if holders is not None:
+            holders.pop(node, None)
+            if not holders:
+                del entries[name]
+        return
+    entries.setdefault(name, {})[node] = holder
+
+
+# -- a node's own export, watched for changes made outside the mount ------------------------------
+
+
+class ExportWatcher:
+    """Tells homes of entries that appear in (or vanish from) this node's export outside the mount.
+
+    A home lists a directory from every node through `index_listdir`, which also
+    starts watching that directory here. `scan()` (every second, from the daemon)
+    compares each watched directory's mtime with the one seen at its last listing;
+    a directory that changed is listed again and sent whole to its home
+    (`index_sync`): one message per changed directory per scan, whatever changed
+    it -- the mount's own creates included. So files copied straight into an
+    export are seen by every node within about a second, with the hand-off rule 1
+    revocations. A changed *file* (same name, new size) does not change its
+    directory's mtime: its size is corrected by the next write through the mount,
+    an open (which asks the holder), or the home's rescan.
+    """
+
+    def __init__(self, peers: Peers, homes: Homes, *, max_directories: int = 10_000) -> None:
+        self._peers = peers
+        self.homes = homes
+        self._max = max_directories
+        self._seen: OrderedDict[str, int | None] = OrderedDict()  # directory -> mtime_ns at the last listing
+        self.syncs = 0
+
+    def operations(self) -> dict[str, Callable[..., Awaitable[Any]]]:
+        return {"index_listdir": self.op_listdir}
+
+    async def _mtime(self, directory: str) -> int | None:
+        try:
+            value = await self._peers.call(self._peers.me, "lookup", directory)
+        except OSError:
+            return None
+        return None if value is None else Attr.from_wire(value).mtime_ns
+
+    async def op_listdir(self, directory: str) -> list[Any] | None:
+        """This node's listing of `directory` for its home (EFBIG when it needs paging: not watched)."""
+        mtime = await self._mtime(directory)  # before listing: a change meanwhile shows at the next scan
+        listing: list[Any] | None = await self._peers.call(self._peers.me, "listdir", directory)
+        self._seen[directory] = mtime
+        self._seen.move_to_end(directory)
+        if len(self._seen) > self._max:
+            self._seen.popitem(last=False)
+        return listing
+
+    async def scan(self) -> int:
+        """Send the listing of every watched directory whose mtime changed; returns how many were sent."""
+        sent = 0
+        for directory, seen in list(self._seen.items()):
+            mtime = await self._mtime(directory)
+            if mtime == seen:
+                continue
+            home = self.homes.home(directory)
+            try:
+                listing = [] if mtime is None else await self._peers.call(self._peers.me, "listdir", directory)
+            except OSError as exc:
+                if exc.errno == errno.EFBIG:  # too big to send whole: the home lists it again instead
+                    listing = None
+                else:
+                    log.info("cannot list %s to tell its home of a change: %s", directory, exc)
+                    continue
+            try:
+                if listing is None:
+                    await self._peers.call(home, "index_forget", [directory])
+                else:
+                    await self._peers.call(home, "index_sync", directory, self._peers.me, listing)
+            except OSError as exc:
+                log.info("could not tell home %s of changes in %s: %s", home, directory, exc)
+                continue  # tried again at the next scan
+            sent += 1
+            self.syncs += 1
+            if mtime is None:
+                self._seen.pop(directory, None)
+            elif directory in self._seen:
+                self._seen[directory] = mtime
+        return sent
+
+
+# -- the asking side ------------------------------------------------------------------------------
+
+
+class _Flight:
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.result: Location | None = None
+        self.finished = False
+        self.stale = False
+
+
+class IndexLocator:
+    """Locator that asks the home of a path's directory: own export, caches, then one node.
+
+    `negative_ttl` is how long the FUSE layer lets the kernel keep a "not found";
+    a cached negative is used only while the home's lease outlives that, so a
+    create's revocation always reaches every node that may still answer "not found".
+    """
+
+    def __init__(self, peers: Peers, tiers: list[tuple[str, ...]], homes: Homes, *, ttl: float = 1.0,
+                 negative_ttl: float = 1.0, max_entries: int = 200_000) -> None:
+        self._peers = peers
+        self.homes = homes
+        # The fallback when a home cannot be asked: it keeps no "not found" (no lease covers it).
+        self._flood = FloodLocator(peers, tiers, ttl=ttl, negative_ttl=0.0,  # type: ignore[arg-type]
+                                   max_entries=max_entries)
+        self.tiers = tiers
+        self.order = [node for tier in tiers for node in tier]
+        self._rank = {node: i for i, node in enumerate(self.order)}
+        self.ttl = ttl
+        self.negative_ttl = negative_ttl
+        self._max = max_entries
+        self._positive: OrderedDict[str, tuple[Location, float]] = OrderedDict()
+        self._negative: OrderedDict[str, float] = OrderedDict()  # path -> lease expiry (conservative)
+        self._inflight: dict[str, _Flight] = {}
+        self._claimed: set[str] = set()        # claimed at their home, being created here
+        self._unclaimed: set[str] = set()      # created while the home was unreachable: flood-announced
+        self._just_created: dict[str, Location] = {}
+        self._owed: dict[str, set[str]] = {}   # home -> directories whose index missed a change
+        self._hits = self._negative_hits = self._misses = self._remote = self._fallbacks = 0
+
+    @staticmethod
+    def lease_for(negative_ttl: float) -> float:
+        """The lease a home grants on a "not found": twice what the kernel may keep it, plus margin."""
+        return 0.0 if negative_ttl <= 0 else 2 * negative_ttl + 3.0
+
+    # -- talking to homes --------------------------------------------------------
+
+    async def _home_call(self, home: str, op: str, *args: Any) -> Any:
+        """One request to a home; first the rebuilds it is owed (changes made while it was away)."""
+        if home != self._peers.me:
+            self._remote += 1
+        owed = self._owed.get(home)
+        if owed:
+            await self._peers.call(home, "index_forget", sorted(owed))
+            self._owed.pop(home, None)
+        return await self._peers.call(home, op, *args)
+
+    def _owe(self, home: str, directory: str) -> None:
+        self._owed.setdefault(home, set()).add(directory)
+
+    async def flush_owed(self) -> None:
+        """Tell the homes that missed changes to list those directories again (the daemon calls
+        this every second; a home that is still unreachable stays owed)."""
+        for home in list(self._owed):
+            directories = self._owed.get(home)
+            if not directories or self._peers.is_down(home):
+                continue
+            try:
+                await self._peers.call(home, "index_forget", sorted(directories))
+            except OSError as exc:
+                log.info("home %s still misses changes under %s: %s", home, sorted(directories), exc)
+                continue
+            if self._owed.get(home) is directories:
+                del self._owed[home]
+
+    async def _local(self, path: str) -> Location | None:
+        """This node's own export (no message): the file itself, or a still-valid staged replica."""
+        reply = msg.Locate(path).decode(await self._peers.call(self._peers.me, "locate", path))
+        if reply is None:
+            return None
+        if reply.replica is None:
+            return Location(self._peers.me, reply.attr)
+        if await self._flood._replica_still_valid(path, reply.replica):
+            return Location(self._peers.me, reply.attr, replica_of=reply.replica.node)
+        return None
+
+    # -- finding -------------------------------------------------------------------
+
+    async def find(self, path: str, *, fresh: bool = False) -> Location | None:
+        """The nearest holder; None when the home says no node has it (leased, so cacheable).
+
+        Raises AbsentForNow (ENOENT, not cached by anyone) when the answer is not a leased
+        one: the home could not be asked or not every node could be listed.
+        """
+        local = await self._local(path)
+        if local is not None:
+            return local
+        now = trio.current_time()
+        if not fresh:
+            cached = self._positive.get(path)
+            if cached is not None and cached[1] > now:
+                self._hits += 1
+                return cached[0]
+            until = self._negative.get(path)
+            if until is not None and until - now >= self.negative_ttl + 1.5:
+                self._negative_hits += 1
+                return None
+        while (flight := self._inflight.get(path)) is not None:
+            await flight.done.wait()
+            if flight.finished and not fresh:
+                return flight.result
+        self._misses += 1
+        flight = self._inflight[path] = _Flight()
+        try:
+            flight.result = await self._ask_home(path, flight)
+            flight.finished = True
+        finally:
+            del self._inflight[path]
+            flight.done.set()
+        if flight.result is not None:
+            self.learn(path, flight.result)
+        return flight.result
+
+    async def _ask_home(self, path: str, flight: _Flight) -> Location | None:
+        directory, name = split_parent(path)
+        home = self.homes.home(directory)
+        sent = trio.current_time()
+        try:
+            reply = await self._home_call(home, "index_lookup", directory, name, self._peers.me)
+        except PeerUnavailable as exc:
+            return await self._fall_back(path, f"the home of {directory}, node {home}, is unreachable ({exc.reason})")
+        found = self._nearest(reply["holders"])
+        if found is not None:
+            return found
+        if reply["pending"]:
+            raise AbsentForNow(errno.ENOENT, f"{path} is being created (home {home})")
+        if not reply["complete"]:
+            return await self._fall_back(path, f"the home {home} could not list {directory} on every node")
+        lease = float(reply["lease"])
+        if lease > 0 and not flight.stale:
+            self._remember_negative(path, sent + lease)
+        if lease <= 0:
+            raise AbsentForNow(errno.ENOENT, f"no node holds {path} (home {home}, no lease)")
+        return None
+
+    async def _fall_back(self, path: str, why: str) -> Location | None:
+        """GMount's search, past every cache; its "not found" is not leased, so not cacheable."""
+        self._fallbacks += 1
+        log.info("looking up %s by asking every node: %s", path, why)
+        found = await self._flood.find(path, fresh=True)
+        if found is None:
+            raise AbsentForNow(errno.ENOENT, f"no node holds {path} ({why}; every node was asked)")
+        return found
+
+    def _nearest(self, holders: list[list[Any]]) -> Location | None:
+        """The nearest holder this node does not know to be down. Raises PeerUnavailable (EIO) when
+        every holder is known to be down: the file exists but cannot be reached, it is not absent."""
+        best: Location | None = None
+        down: str | None = None
+        for node, attr, replica_of in holders:
+            if replica_of is not None or attr is None:
+                continue  # a replica serves only its own node (asked first); no attributes: pending
+            if self._peers.is_down(str(node)):
+                down = str(node)
+                continue
+            if best is None or self.rank(str(node)) < self.rank(best.node):
+                best = Location(str(node), Attr.from_wire(attr))
+        if best is None and down is not None:
+            raise PeerUnavailable(down, "it holds the file but is down; try again when it is back")
+        return best
+
+    async def find_all(self, path: str, *, strict: bool = False) -> list[Location]:
+        """Every holder, nearest first, from the home (1 round trip). When the home cannot answer
+        exactly (unreachable, a node not listed, a staged replica whose validity only its source
+        can tell), GMount's search answers instead."""
+        directory, name = split_parent(path)
+        home = self.homes.home(directory)
+        try:
+            reply = await self._home_call(home, "index_lookup", directory, name, None)
+        except PeerUnavailable:
+            reply = None
+        if reply is None or not reply["complete"] or reply["pending"] or \
+                any(replica_of is not None for _, _, replica_of in reply["holders"]):
+            self._fallbacks += 1
+            return await self._flood.find_all(path, strict=strict)
+        found = [Location(str(node), Attr.from_wire(attr)) for node, attr, _ in reply["holders"]]
+        return sorted(found, key=lambda loc: self.rank(loc.node))
+
+    # -- changes -------------------------------------------------------------------
+
+    async def _ancestors_missing_here(self, path: str) -> list[str]:
+        """Parent directories of `path` this export lacks (a create here makes them), top first."""
+        missing: list[str] = []
+        directory = split_parent(path)[0]
+        while directory != "/":
+            if await self._peers.call(self._peers.me, "lookup", directory) is not None:
+                break
+            missing.append(directory)
+            directory = split_parent(directory)[0]
+        return missing[::-1]
+
+    async def claim(self, path: str, *, is_dir: bool = False) -> Location | None:
+        """Before a create here: the holder if `path` exists; else the name is this node's at its home
+        (one round trip; more only for parent directories this export lacks)."""
+        local = await self._local(path)
+        if local is not None:
+            return local
+        try:
+            for parent in await self._ancestors_missing_here(path):
+                directory, name = split_parent(parent)
+                await self._home_call(self.homes.home(directory), "index_claim", directory, name,
+                                      self._peers.me, True, False)
+            directory, name = split_parent(path)
+            home = self.homes.home(directory)
+            for _ in range(20):
+                try:
+                    others = await self._home_call(home, "index_claim", directory, name, self._peers.me,
+                                                   is_dir, True)
+                    break
+                except OSError as exc:
+                    if isinstance(exc, PeerUnavailable) or exc.errno != errno.EAGAIN:
+                        raise
+                    await trio.sleep(0.05)  # another node is creating it right now
+            else:
+                raise OSError(errno.EAGAIN, f"{path} is being created on another node; try again")
+        except PeerUnavailable as exc:
+            return await self._claim_by_search(path, exc)
+        if others:
+            found = self._nearest(others) or Location(str(others[0][0]), Attr.from_wire(others[0][1]))
+            self.learn(path, found)  # the create opens it next: not from a "not found" cached before
+            return found
+        self._claimed.add(path)
+        self._negative.pop(path, None)
+        return None
+
+    async def _claim_by_search(self, path: str, exc: PeerUnavailable) -> Location | None:
+        """A home is unreachable: ask every node, as GMount does; announce the create to all of them."""
+        log.info("claiming %s by asking every node: %s", path, exc)
+        self._fallbacks += 1
+        found = await self._flood.claim(path)
+        if found is None:
+            self._unclaimed.add(path)
+            # the indexes of its directory and of the parents made here miss this create
+            for directory in {split_parent(p)[0] for p in [path, *await self._ancestors_missing_here(path)]}:
+                self._owe(self.homes.home(directory), directory)
+        return found
+
+    async def withdraw(self, path: str) -> None:
+        self._unclaimed.discard(path)
+        if path not in self._claimed:
+            return
+        self._claimed.discard(path)
+        directory, name = split_parent(path)
+        home = self.homes.home(directory)
+        try:
+            await self._home_call(home, "index_drop", directory, name, [self._peers.me])
+        except OSError as exc:
+            log.info("could not withdraw the claim on %s at %s: %s", path, home, exc)
+            self._owe(home, directory)
+
+    async def announce_created(self, path: str, is_dir: bool = False) -> None:
+        """A claimed create needs nothing more (the claim told everyone). A name made here without a
+        claim (a put) is recorded at its home now; without a reachable home every node is told."""
+        location = self._just_created.pop(path, None)
+        if path in self._claimed:
+            self._claimed.discard(path)
+            return
+        if path in self._unclaimed:
+            self._unclaimed.discard(path)
+            await self._flood.announce_created(path, is_dir)
+            return
+        directory, name = split_parent(path)
+        home = self.homes.home(directory)
+        try:
+            await self._home_call(home, "index_set", directory, name, self._peers.me,
+                                  None if location is None else location.attr, None, is_dir)
+        except OSError as exc:
+            log.info("could not record %s at its home %s: %s; telling every node", path, home, exc)
+            self._owe(home, directory)
+            await self._flood.announce_created(path, is_dir)
+
+    async def announce_changed(self, path: str, location: Location) -> None:
+        directory, name = split_parent(path)
+        home = self.homes.home(directory)
+        try:
+            await self._home_call(home, "index_set", directory, name, location.node, location.attr,
+                                  location.replica_of, location.attr.is_dir)
+        except OSError as exc:
+            log.info("could not record the change of %s at its home %s: %s", path, home, exc)
+            self._owe(home, directory)
+
+    async def announce_removed(self, path: str, nodes: list[str], is_dir: bool = False) -> None:
+        directory, name = split_parent(path)
+        calls: list[tuple[str, str, tuple[Any, ...]]] = [
+            (self.homes.home(directory), "index_drop", (directory, name, nodes))]
+        if is_dir:  # its own index goes too: a directory made again under this name starts empty
+            calls.append((self.homes.home(path), "index_forget", ([path],)))
+        for home, op, args in calls:
+            try:
+                await self._home_call(home, op, *args)
+            except OSError as exc:
+                log.info("could not record the removal of %s at %s: %s", path, home, exc)
+                self._owe(home, directory if op == "index_drop" else path)
+
+    async def announce_renamed(self, src: str, dst: str, is_dir: bool, holders: list[str]) -> None:
+        """Drop `src` at its directory's home, record `dst` at its own (revoking "not found"). A
+        directory's descendants change path, and so home: every node forgets their indexes."""
+        src_dir, src_name = split_parent(src)
+        dst_dir, dst_name = split_parent(dst)
+        try:
+            await self._home_call(self.homes.home(src_dir), "index_drop", src_dir, src_name, None)
+        except OSError as exc:
+            log.info("could not record the rename of %s: %s", src, exc)
+            self._owe(self.homes.home(src_dir), src_dir)
+        try:
+            await self._home_call(self.homes.home(dst_dir), "index_replace", dst_dir, dst_name, holders, is_dir)
+        except OSError as exc:
+            log.info("could not record the rename to %s: %s; telling every node", dst, exc)
+            self._owe(self.homes.home(dst_dir), dst_dir)
+            await self._flood.announce_created(dst, is_dir)
+        if is_dir:
+            await self._forget_everywhere([src, dst])
+
+    async def announce_unsure(self, paths: list[str]) -> None:
+        """A change failed half-way: the homes of the paths' directories list them again."""
+        for path in paths:
+            directory = split_parent(path)[0]
+            home = self.homes.home(directory)
+            try:
+                await self._home_call(home, "index_forget", [directory])
+            except OSError:
+                self._owe(home, directory)
+        self._forget_cached(paths)
+
+    async def _forget_everywhere(self, prefixes: list[str]) -> None:
+        async def tell(node: str) -> None:
+            try:
+                if node != self._peers.me:
+                    self._remote += 1
+                await self._peers.call(node, "index_forget", prefixes)
+            except OSError as exc:
+                log.info("could not tell %s to forget the indexes under %s: %s", node, prefixes, exc)
+
+        async with open_nursery() as nursery:
+            for node in self.order:
+                nursery.start_soon(tell, node)
+
+    # -- caches --------------------------------------------------------------------
+
+    def rank(self, node: str) -> int:
+        return self._rank.get(node, len(self._rank))
+
+    def learn(self, path: str, location: Location) -> None:
+        self._flood.learn(path, location)  # its last holder: if that node dies, the search says EIO
+        self._negative.pop(path, None)
+        self._positive[path] = (location, trio.current_time() + self.ttl)
+        self._positive.move_to_end(path)
+        if len(self._positive) > self._max:
+            self._positive.popitem(last=False)
+
+    def note_created(self, path: str, location: Location) -> None:
+        self._just_created[path] = location
+        if len(self._just_created) > 1024:  # a create that never announced (failed after): bounded
+            self._just_created.pop(next(iter(self._just_created)))
+        self.learn(path, location)
+        self._positive.pop(split_parent(path)[0], None)
+
+    def note_removed(self, path: str) -> None:
+        self._positive.pop(path, None)
+        self._positive.pop(split_parent(path)[0], None)
+        self._mark_stale(path)
+
+    def note_renamed(self, src: str, dst: str, is_dir: bool) -> None:
+        self._forget_cached([src, dst], subtree=is_dir)
+        self._positive.pop(split_parent(src)[0], None)
+        self._positive.pop(split_parent(dst)[0], None)
+
+    def _forget_cached(self, paths: list[str], subtree: bool = False) -> None:
+        for cache in (self._positive, self._negative):
+            for path in paths:
+                cache.pop(path, None)
+                if subtree:
+                    for key in [k for k in cache if k.startswith(path + "/")]:
+                        del cache[key]
+        for path in paths:
+            self._mark_stale(path)
+
+    def invalidate(self, path: str) -> None:
+        self._positive.pop(path, None)
+        self._negative.pop(path, None)
+        self._mark_stale(path)
+        self._flood.invalidate(path)
+
+    def forget_absent(self, path: str, is_dir: bool = False) -> None:
+        """A home (or a node without one) says `path` exists now: drop "not found" for it and its parents."""
+        self._positive.pop(path, None)
+        if is_dir:
+            for key in [k for k in self._negative if k.startswith(path + "/")]:
+                del self._negative[key]
+        while path not in ("/", ""):
+            self._negative.pop(path, None)
+            self._mark_stale(path)
+            path = split_parent(path)[0]
+
+    def forget_all(self) -> None:
+        self._positive.clear()
+        self._negative.clear()
+        self._flood.forget_all()
+
+    def _mark_stale(self, path: str) -> None:
+        flight = self._inflight.get(path)
+        if flight is not None:
+            flight.stale = True
+
+    def _remember_negative(self, path: str, until: float) -> None:
+        self._negative[path] = until
+        self._negative.move_to_end(path)
+        if len(self._negative) > self._max:
+            self._negative.popitem(last=False)
+
+    def statistics(self) -> LocatorStatistics:
+        return LocatorStatistics(self._hits, self._negative_hits, self._misses, self._remote, len(self._positive))
+
+    @property
+    def fallbacks(self) -> int:
+        """Lookups and changes that had to ask every node (a home unreachable or incomplete)."""
+        return self._fallbacks
+
+
+def message_counts(counter: Counter[str]) -> dict[str, int]:
+    """A plain dict of a per-operation message counter, for `stats` and `status --json`."""
+    return dict(sorted(counter.items()))

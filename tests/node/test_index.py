@@ -1,0 +1,849 @@
+"""The homed directory index (issue 13): home choice, messages per operation, the hand-off over it.
+
+Three layers of proof:
+- unit tests of `Homes` (rendezvous hashing, backup, central) and of `DirectoryIndex`;
+- four real nodes over RPC without FUSE (tests/node/harness.py, `lookup="index"`), where
+  every request a node serves is counted, so messages per operation are exact;
+- a hypothesis state machine: creates, writes, unlinks, renames, mkdir and rmdir from
+  random nodes over an in-memory network of IndexLocator + DirectoryIndex instances,
+  with lost requests, lost replies and node restarts, checked after every step against
+  a model of the union namespace;
+- real mounts of a local 4-node cluster with `lookup = "index"` (counters from the daemons).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+import tempfile
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import hypothesis.strategies as st
+import pytest
+import trio
+import trio.testing
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from gmountpy import Cluster as ApiCluster
+from gmountpy import rpc
+from gmountpy.errors import PeerUnavailable
+from gmountpy.node.export import Export
+from gmountpy.node.index import (
+    CLAIM_GRACE,
+    DirectoryIndex,
+    ExportWatcher,
+    Homes,
+    IndexLocator,
+    rendezvous_order,
+    split_parent,
+)
+from gmountpy.node.locator import AbsentForNow
+from gmountpy.node.namespace import Namespace
+from gmountpy.node.service import NodeService
+
+from .._trio import trio_test
+from ..conftest import (
+    FOUR_NODE_LINKS,
+    FOUR_NODES,
+    LocalCluster,
+    fuse_problem,
+    local_cluster,
+    require,
+)
+from .harness import Cluster, open_cluster, read_file
+
+NODES = ("n1", "n2", "n3", "n4")
+SITE_OF = {"n1": "tsukuba", "n2": "tsukuba", "n3": "hongo", "n4": "hongo"}
+
+
+def homed_at(homes: Homes, node: str, prefix: str = "/d") -> str:
+    """A directory path whose home is `node` (to place the home deliberately in a test)."""
+    for i in range(1000):
+        candidate = f"{prefix}{i}"
+        if homes.home(candidate) == node:
+            return candidate
+    raise AssertionError(f"no directory homed at {node}")
+
+
+# ------------------------------------------------------------------ home choice
+
+
+def test_home_is_the_first_of_the_rendezvous_order_and_stable() -> None:
+    homes = Homes(NODES, SITE_OF)
+    for i in range(200):
+        directory = f"/dir{i}"
+        assert homes.home(directory) == rendezvous_order(directory, NODES)[0]
+        assert homes.home(directory) == Homes(tuple(reversed(NODES)), SITE_OF).home(directory)  # order-free
+    counts = Counter(homes.home(f"/dir{i}") for i in range(4000))
+    assert set(counts) == set(NODES) and min(counts.values()) > 800  # spread over every node
+
+
+def test_removing_a_node_moves_only_the_directories_it_was_home_of() -> None:
+    before = Homes(NODES, SITE_OF)
+    after = Homes(("n1", "n2", "n4"), SITE_OF)
+    for i in range(1000):
+        directory = f"/x/{i}"
+        if before.home(directory) != "n3":
+            assert after.home(directory) == before.home(directory)
+        else:
+            assert after.home(directory) == rendezvous_order(directory, NODES)[1]
+
+
+def test_backup_is_at_the_home_site_when_there_is_one() -> None:
+    homes = Homes(NODES, SITE_OF)
+    for i in range(100):
+        directory = f"/b{i}"
+        home, backup = homes.home(directory), homes.backup(directory)
+        assert backup is not None and backup != home and SITE_OF[backup] == SITE_OF[home]
+    lonely = Homes(("n1", "n3"), {"n1": "a", "n3": "b"})
+    assert lonely.backup("/q") == ({"n1", "n3"} - {lonely.home("/q")}).pop()
+    assert Homes(("n1",)).backup("/q") is None
+
+
+def test_central_puts_every_directory_on_one_node() -> None:
+    homes = Homes(NODES, SITE_OF, central="n3")
+    assert {homes.home(f"/c{i}") for i in range(50)} == {"n3"}
+    with pytest.raises(ValueError, match="`central` must be one of the nodes"):
+        Homes(NODES, central="n9")
+    with pytest.raises(ValueError, match="`nodes` must name at least one node"):
+        Homes(())
+
+
+def test_split_parent() -> None:
+    assert split_parent("/a") == ("/", "a")
+    assert split_parent("/a/b/c") == ("/a/b", "c")
+
+
+# ------------------------------------------------------ messages per operation (4 nodes over RPC)
+
+
+def total(cluster: Cluster) -> int:
+    """Requests served by all nodes since the last reset (a node calling itself is not a message)."""
+    return sum(sum(node.served.values()) for node in cluster.nodes.values())
+
+
+def homes_of(cluster: Cluster) -> Homes:
+    locator = cluster["n1"].locator
+    assert isinstance(locator, IndexLocator)
+    return locator.homes
+
+
+@trio_test
+async def test_local_hit_costs_no_message(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        cluster["n1"].put("/d/mine", b"x")
+        cluster.reset_counts()
+        assert (await cluster["n1"].namespace.lookup("/d/mine")).node == "n1"
+        assert await read_file(cluster["n1"].namespace, "/d/mine") == b"x"
+        assert total(cluster) == 0
+
+
+@trio_test
+async def test_remote_hit_and_miss_cost_one_message_to_the_home(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        directory = homed_at(homes_of(cluster), "n2")
+        cluster["n3"].put(f"{directory}/far", b"far away")
+        cluster["n1"].mkdir(directory)
+        ns = cluster["n1"].namespace
+        with pytest.raises(FileNotFoundError):
+            await ns.lookup(f"{directory}/warm-up")  # the home lists the directory once (built on demand)
+        cluster.reset_counts()
+        assert (await ns.lookup(f"{directory}/far")).node == "n3"
+        assert total(cluster) == 1 and cluster["n2"].served["index_lookup"] == 1
+        cluster.reset_counts()
+        with pytest.raises(FileNotFoundError):
+            await ns.lookup(f"{directory}/nothing")
+        assert total(cluster) == 1 and cluster["n2"].served["index_lookup"] == 1
+        cluster.reset_counts()
+        with pytest.raises(FileNotFoundError):
+            await ns.lookup(f"{directory}/nothing")  # the leased "not found": no message
+        assert total(cluster) == 0
+
+
+@trio_test
+async def test_flood_miss_asks_every_other_node(tmp_path: Path) -> None:
+    """The baseline the index removes: a miss costs one message to each other node."""
+    async with open_cluster(tmp_path, lookup="flood") as cluster:
+        cluster.reset_counts()
+        with pytest.raises(FileNotFoundError):
+            await cluster["n1"].namespace.lookup("/nothing")
+        assert total(cluster) == 3
+
+
+@trio_test
+async def test_create_is_one_round_trip_to_the_home_and_stays_local(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        directory = homed_at(homes_of(cluster), "n4")
+        for node in NODES:
+            cluster[node].mkdir(directory)
+        ns = cluster["n1"].namespace
+        with pytest.raises(FileNotFoundError):
+            await ns.lookup(f"{directory}/warm-up")
+        cluster.reset_counts()
+        handle = await ns.create(f"{directory}/new", os.O_WRONLY | os.O_EXCL, 0o644)
+        assert total(cluster) == 1 and cluster["n4"].served["index_claim"] == 1
+        await ns.write(handle, 0, b"data stays here")
+        await ns.release(handle)  # the new size goes to the home: one more message
+        assert total(cluster) == 2 and cluster["n4"].served["index_set"] == 1
+        assert cluster.holders(f"{directory}/new") == ["n1"]
+        cluster.reset_counts()
+        located = await cluster["n3"].namespace.lookup(f"{directory}/new")
+        assert (located.node, located.attr.size) == ("n1", len(b"data stays here"))
+        assert total(cluster) == 1
+
+
+@trio_test
+async def test_create_revokes_the_not_found_every_node_was_given(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        directory = homed_at(homes_of(cluster), "n2")
+        cluster["n3"].mkdir(directory)
+        path = f"{directory}/out"
+        for node in ("n1", "n2", "n4"):
+            with pytest.raises(FileNotFoundError):
+                await cluster[node].namespace.lookup(path)  # leased "not found" (60 s)
+        cluster.reset_counts()
+        handle = await cluster["n3"].namespace.create(path, os.O_WRONLY, 0o644)
+        # n3 -> n2 (claim); n2 -> n1, n4 ("created": the leases n2 handed out); n2 is the home itself
+        assert cluster["n2"].served["index_claim"] == 1
+        assert cluster.served("created") == {"n1": 1, "n2": 0, "n3": 0, "n4": 1}
+        await cluster["n3"].namespace.write(handle, 0, b"made on n3")
+        await cluster["n3"].namespace.release(handle)
+        for node in ("n1", "n2", "n4"):
+            assert (await cluster[node].namespace.lookup(path)).node == "n3"
+            assert await read_file(cluster[node].namespace, path) == b"made on n3"
+
+
+@trio_test
+async def test_no_twin_when_the_name_exists_elsewhere(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        handle = await cluster["n3"].namespace.create("/shared", os.O_WRONLY, 0o644)
+        await cluster["n3"].namespace.write(handle, 0, b"n3's")
+        await cluster["n3"].namespace.release(handle)
+        ns = cluster["n1"].namespace
+        with pytest.raises(FileExistsError):
+            await ns.create("/shared", os.O_WRONLY | os.O_EXCL, 0o644)
+        with pytest.raises(FileExistsError):
+            await ns.mkdir("/shared", 0o755)
+        handle = await ns.create("/shared", os.O_WRONLY, 0o644)  # O_CREAT alone opens n3's file
+        await ns.write(handle, 0, b"N1")
+        await ns.release(handle)
+        assert cluster.holders("/shared") == ["n3"]
+        assert cluster["n3"].path("/shared").read_bytes() == b"N1's"
+
+
+@trio_test
+async def test_unlink_rename_rmdir_keep_the_index_exact(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        a, b = cluster["n1"].namespace, cluster["n4"].namespace
+        await a.mkdir("/top", 0o755)
+        handle = await a.create("/top/f", os.O_WRONLY, 0o644)
+        await a.release(handle)
+        await b.rename("/top/f", "/top/g")
+        with pytest.raises(FileNotFoundError):
+            await cluster["n3"].namespace.lookup("/top/f")
+        assert (await cluster["n3"].namespace.lookup("/top/g")).node == "n1"
+        await cluster["n2"].namespace.rename("/top", "/moved")  # a directory: its subtree changes home
+        assert (await cluster["n3"].namespace.lookup("/moved/g")).node == "n1"
+        with pytest.raises(FileNotFoundError):
+            await cluster["n3"].namespace.lookup("/top")
+        await b.unlink("/moved/g")
+        await b.rmdir("/moved")
+        for node in NODES:
+            with pytest.raises(FileNotFoundError):
+                await cluster[node].namespace.lookup("/moved")
+        assert cluster.holders("/moved") == [] and cluster.holders("/top") == []
+
+
+@trio_test
+async def test_files_put_straight_into_an_export_reach_the_home_at_the_next_scan(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        directory = homed_at(homes_of(cluster), "n2")
+        cluster["n3"].mkdir(directory)
+        for node in ("n1", "n4"):
+            with pytest.raises(FileNotFoundError):
+                await cluster[node].namespace.lookup(f"{directory}/copied")  # leased "not found"
+        (cluster["n3"].path(directory) / "copied").write_bytes(b"cp'd in")  # behind everyone's back
+        watcher = cluster["n3"].watcher
+        assert watcher is not None
+        cluster.reset_counts()
+        assert await watcher.scan() == 1  # one directory changed: its listing goes to its home
+        assert cluster["n2"].served["index_sync"] == 1
+        assert cluster.served("created") == {"n1": 1, "n2": 0, "n3": 0, "n4": 1}  # the leases revoked
+        for node in ("n1", "n4"):
+            assert (await cluster[node].namespace.lookup(f"{directory}/copied")).node == "n3"
+        cluster.reset_counts()
+        assert await watcher.scan() == 0 and total(cluster) == 0  # nothing changed: nothing sent
+        (cluster["n3"].path(directory) / "copied").unlink()
+        assert await watcher.scan() == 1
+        cluster["n1"].locator.invalidate(f"{directory}/copied")  # its cached location expired (attr_ttl)
+        with pytest.raises(FileNotFoundError):
+            await cluster["n1"].namespace.lookup(f"{directory}/copied")
+
+
+@trio_test
+async def test_dead_home_falls_back_to_asking_every_node(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path, lookup="index", retry_after=0.3) as cluster:
+        directory = homed_at(homes_of(cluster), "n4")
+        cluster["n3"].put(f"{directory}/kept", b"k")
+        cluster.stop("n4")
+        await trio.sleep(0.05)
+        ns = cluster["n1"].namespace
+        assert (await ns.lookup(f"{directory}/kept")).node == "n3"  # found by the search
+        with pytest.raises(AbsentForNow):  # ENOENT that neither daemon nor kernel keeps
+            await ns.lookup(f"{directory}/missing")
+        handle = await ns.create(f"{directory}/made", os.O_WRONLY, 0o644)  # creates still work
+        await ns.release(handle)
+        assert (await cluster["n2"].namespace.lookup(f"{directory}/made")).node == "n1"
+        locator = cluster["n1"].locator
+        assert isinstance(locator, IndexLocator) and locator.fallbacks >= 3
+
+
+@trio_test
+async def test_holder_down_is_eio_at_open_not_absence(tmp_path: Path) -> None:
+    """With an index the home answers the lookup; the dead holder's EIO comes at open."""
+    async with open_cluster(tmp_path, lookup="index", retry_after=0.3) as cluster:
+        directory = homed_at(homes_of(cluster), "n2")
+        cluster["n3"].put(f"{directory}/held", b"x")
+        assert (await cluster["n1"].namespace.lookup(f"{directory}/held")).node == "n3"
+        cluster.stop("n3")
+        await trio.sleep(0.05)
+        cluster["n1"].locator.invalidate(f"{directory}/held")
+        assert (await cluster["n1"].namespace.lookup(f"{directory}/held")).node == "n3"
+        with pytest.raises(PeerUnavailable):
+            await read_file(cluster["n1"].namespace, f"{directory}/held")
+
+
+@trio_test
+async def test_holder_answering_eacces_is_that_error_at_open_and_nothing_is_cached(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        cluster["n3"].put("/guarded", b"x")
+        cluster["n3"].fail["open"] = errno.EACCES
+        ns = cluster["n1"].namespace
+        assert (await ns.lookup("/guarded")).node == "n3"  # the home answers; n3 is not asked
+        with pytest.raises(PermissionError):
+            await read_file(ns, "/guarded")
+        del cluster["n3"].fail["open"]
+        assert await read_file(ns, "/guarded") == b"x"
+
+
+@trio_test
+async def test_central_sends_every_index_request_to_one_node(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path, lookup="central") as cluster:
+        cluster["n3"].put("/a/one", b"1")
+        cluster["n4"].put("/b/two", b"2")
+        cluster.reset_counts()
+        assert (await cluster["n2"].namespace.lookup("/a/one")).node == "n3"
+        assert (await cluster["n2"].namespace.lookup("/b/two")).node == "n4"
+        index_requests = {name: sum(n for op, n in node.served.items()  # (every node lists for the home)
+                                    if op.startswith("index_") and op != "index_listdir")
+                          for name, node in cluster.nodes.items()}
+        assert index_requests["n1"] >= 2 and index_requests["n2"] == index_requests["n3"] == 0
+
+
+# ------------------------------------------------- DirectoryIndex alone (a fake network of one home)
+
+
+class OnePeer:
+    """The home itself and listings it is given: enough to drive DirectoryIndex directly."""
+
+    def __init__(self, listings: dict[str, dict[str, list[Any]]]) -> None:
+        self.me = "h"
+        self.listings = listings
+        self.calls: list[tuple[str, str, tuple[Any, ...]]] = []
+
+    async def call(self, node: str, op: str, *args: Any, timeout: float | None = None) -> Any:
+        self.calls.append((node, op, args))
+        if op in ("listdir", "index_listdir"):
+            return self.listings.get(node, {}).get(args[0])
+        if op == "created":
+            return None
+        raise OSError(errno.ENOSYS, op)
+
+    def is_down(self, node: str) -> bool:
+        return False
+
+
+def _attr(mode: int = stat.S_IFREG | 0o644, size: int = 1) -> list[int]:
+    return [mode, 1, 0, 0, size, 0, 0, 0, 0, 4096, 0]
+
+
+@trio_test(mock_clock=True)
+async def test_directory_index_builds_once_then_rescans() -> None:
+    peer = OnePeer({"h": {"/d": [["a", _attr()]]}, "x": {"/d": [["b", _attr(stat.S_IFDIR | 0o755)]]}})
+    index = DirectoryIndex(peer, ["h", "x"], lease=10.0, rescan=30.0)
+    reply = await index.op_lookup("/d", "a", "x")
+    assert [h[0] for h in reply["holders"]] == ["h"] and reply["complete"]
+    assert (await index.op_lookup("/d", "nope", "x"))["lease"] == 10.0
+    assert [c[1] for c in peer.calls].count("index_listdir") == 2  # one listing per node, once
+    trio.lowlevel.current_clock().jump(31)  # type: ignore[attr-defined]
+    await index.op_lookup("/d", "a", None)
+    assert [c[1] for c in peer.calls].count("index_listdir") == 4
+    assert index.statistics().builds == 2
+
+
+@trio_test(mock_clock=True)
+async def test_directory_index_claim_revokes_leases_and_refuses_taken_names() -> None:
+    peer = OnePeer({"h": {"/d": [["a", _attr()]]}})
+    index = DirectoryIndex(peer, ["h", "x", "y"], lease=10.0)
+    await index.op_lookup("/d", "new", "x")
+    await index.op_lookup("/d", "new", "y")
+    assert await index.op_claim("/d", "new", "y", False, True) is None
+    assert [(c[0], c[1]) for c in peer.calls if c[1] == "created"] == [("x", "created")]  # not the claimer
+    taken = await index.op_claim("/d", "a", "x", False, True)
+    assert taken is not None and taken[0][0] == "h"
+    assert await index.op_claim("/d", "a", "x", True, False) is None  # parent-making merges (no error)
+
+
+def test_lease_outlives_what_the_kernel_may_keep() -> None:
+    assert IndexLocator.lease_for(0) == 0
+    assert IndexLocator.lease_for(10.0) >= 2 * 10.0 + 1.5
+
+
+def test_bad_index_arguments_are_refused() -> None:
+    with pytest.raises(ValueError, match="`lease` must be non-negative"):
+        DirectoryIndex(OnePeer({}), ["h"], lease=-1)
+    with pytest.raises(ValueError, match="`rescan` must be non-negative"):
+        DirectoryIndex(OnePeer({}), ["h"], lease=1, rescan=-1)
+
+
+# ------------------------------------------- the state machine: an in-memory network of index nodes
+
+
+class FakeNet:
+    """Nodes' services by name; one node may be cut off: its requests, or its replies, are lost."""
+
+    def __init__(self) -> None:
+        self.services: dict[str, NodeService] = {}
+        self.cut: str | None = None
+        self.lose_replies = False
+        self.sent: Counter[str] = Counter()
+
+
+class FakePeers:
+    """PeerPool's surface over FakeNet: calls another node's service directly."""
+
+    def __init__(self, me: str, net: FakeNet) -> None:
+        self.me = me
+        self.net = net
+        self.sessions: dict[str, rpc.Session] = {}
+
+    async def call(self, node: str, op: str, *args: Any, timeout: float | None = None) -> Any:
+        remote = node != self.me
+        lost = remote and self.net.cut in (node, self.me)
+        if remote:
+            self.net.sent[op] += 1
+        if lost and not self.net.lose_replies:
+            raise PeerUnavailable(node, f"request {op} lost (test)")
+        session = self.sessions.setdefault(node, rpc.Session(self.me))
+        result = await self.net.services[node].dispatch(session, op, list(args))
+        if lost:
+            raise PeerUnavailable(node, f"reply to {op} lost (test)")
+        return result
+
+    async def ask(self, node: str, request: Any, *, timeout: float | None = None) -> Any:
+        return request.decode(await self.call(node, request.op, *request.args(), timeout=timeout))
+
+    def is_down(self, node: str) -> bool:
+        return False  # every call is tried (and may be lost)
+
+    def close(self) -> None:
+        for session in self.sessions.values():
+            session.close()
+
+
+TTL, NEGATIVE_TTL = 0.0, 5.0  # no positive caching (a stale positive is allowed for attr_ttl); long negatives
+PATHS = ("/a", "/b", "/d", "/d/a", "/d/b", "/e", "/e/a")
+FAULTS = st.one_of(st.just(None), st.just(None), st.just(None),
+                   st.tuples(st.sampled_from(NODES), st.booleans()))
+
+
+def _parent(path: str) -> str:
+    return split_parent(path)[0]
+
+
+class IndexNetwork(RuleBasedStateMachine):
+    """Random namespace changes from random nodes; the model is the union namespace."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.base = Path(tempfile.mkdtemp(prefix="gmount-index-sm-"))
+        self.clock = trio.testing.MockClock(autojump_threshold=0)
+        self.net = FakeNet()
+        self.exports: dict[str, Export] = {}
+        self.extras: dict[str, dict[str, Any]] = {}
+        self.peers: dict[str, FakePeers] = {}
+        self.indexes: dict[str, DirectoryIndex] = {}
+        self.locators: dict[str, IndexLocator] = {}
+        self.watchers: dict[str, ExportWatcher] = {}
+        self.namespaces: dict[str, Namespace] = {}
+        for node in NODES:
+            root = self.base / node
+            root.mkdir()
+            self.exports[node] = Export(str(root))
+            self.extras[node] = {"ping": None}  # not empty: NodeService keeps this very dict (see _start)
+            info = {"node": node, "site": SITE_OF[node]}
+            self.net.services[node] = NodeService(self.exports[node], info, self.extras[node])
+            self._start(node)
+        self.files: dict[str, bytes] = {}
+        self.dirs: set[str] = set()
+        self.faulty = False
+
+    def _start(self, node: str) -> None:
+        """A (re)started daemon: empty index, empty caches (the export is what survives)."""
+        if node in self.peers:
+            self.peers[node].close()
+        peers = self.peers[node] = FakePeers(node, self.net)
+        order = [node] + [n for n in NODES if n != node and SITE_OF[n] == SITE_OF[node]] + \
+                [n for n in NODES if SITE_OF[n] != SITE_OF[node]]
+        tiers = [(node,), tuple(order[1:2]), tuple(order[2:])]
+        # rescan 0: never list again by age, so only the owed rebuilds can repair what a lost message missed
+        self.indexes[node] = DirectoryIndex(peers, order, lease=IndexLocator.lease_for(NEGATIVE_TTL), rescan=0)
+        self.locators[node] = IndexLocator(peers, tiers, Homes(NODES, SITE_OF), ttl=TTL, negative_ttl=NEGATIVE_TTL)
+        self.watchers[node] = ExportWatcher(peers, Homes(NODES, SITE_OF))
+        namespace = self.namespaces[node] = Namespace(node, SITE_OF, self.exports[node], peers,  # type: ignore[arg-type]
+                                                      self.locators[node])
+        self.extras[node].clear()
+        self.extras[node].update(self.indexes[node].operations())
+        self.extras[node].update(self.watchers[node].operations())
+        self.extras[node]["created"] = namespace.created_elsewhere
+
+    def teardown(self) -> None:
+        for peers in self.peers.values():
+            peers.close()
+        for export in self.exports.values():
+            export.close()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    # -- running a step ---------------------------------------------------------
+
+    def _run(self, fault: tuple[str, bool] | None, step: Any) -> Any:
+        """Run one change with the fault; returns the exception it raised (None if none)."""
+        self.net.cut, self.net.lose_replies = (fault if fault is not None else (None, False))
+        outcome: list[BaseException | None] = [None]
+
+        async def main() -> None:
+            try:
+                await step()
+            except OSError as exc:
+                outcome[0] = exc
+
+        try:
+            trio.run(main, clock=self.clock)
+        finally:
+            self.net.cut, self.net.lose_replies = None, False
+        if fault is not None:
+            self.faulty = True
+            self._model_from_disk()  # what a lossy change did is what the disks say
+        return outcome[0]
+
+    def _expect(self, error: BaseException | None, expected: type[OSError] | None) -> None:
+        if self.faulty and self.net.cut is None and error is not None and expected is None:
+            return
+        if expected is None:
+            assert error is None, f"unexpected {error!r}"
+        else:
+            assert isinstance(error, expected), f"expected {expected.__name__}, got {error!r}"
+
+    def _model_from_disk(self) -> None:
+        holders, dirs = self._disk()
+        self.files = {path: (self.base / nodes[0] / path.lstrip("/")).read_bytes() for path, nodes in holders.items()}
+        self.dirs = dirs
+
+    def _disk(self) -> tuple[dict[str, list[str]], set[str]]:
+        holders: dict[str, list[str]] = {}
+        dirs: set[str] = set()
+        for node in NODES:
+            root = self.base / node
+            for current, subdirs, names in os.walk(root):
+                rel = "/" + os.path.relpath(current, root).lstrip(".").strip("/")
+                for sub in subdirs:
+                    dirs.add(f"{rel.rstrip('/')}/{sub}")
+                for name in names:
+                    holders.setdefault(f"{rel.rstrip('/')}/{name}", []).append(node)
+        return holders, dirs
+
+    def _parent_ok(self, path: str) -> bool:
+        parent = _parent(path)
+        return (parent == "/" or parent in self.dirs) and parent not in self.files
+
+    def _children(self, path: str) -> list[str]:
+        return [p for p in [*self.files, *self.dirs] if p.startswith(path + "/")]
+
+    # -- rules ------------------------------------------------------------------
+
+    @rule(node=st.sampled_from(NODES), path=st.sampled_from(PATHS), data=st.binary(max_size=20), fault=FAULTS)
+    def create(self, node: str, path: str, data: bytes, fault: tuple[str, bool] | None) -> None:
+        if not self._parent_ok(path):
+            return
+        ns = self.namespaces[node]
+
+        async def step() -> None:
+            handle = await ns.create(path, os.O_WRONLY | os.O_EXCL, 0o644)
+            try:
+                await ns.write(handle, 0, data)
+            finally:
+                await ns.release(handle)
+
+        exists = path in self.files or path in self.dirs
+        error = self._run(fault, step)
+        if fault is None:
+            self._expect(error, FileExistsError if exists else None)
+            if not exists:
+                self.files[path] = data
+
+    @rule(node=st.sampled_from(NODES), path=st.sampled_from(PATHS), data=st.binary(max_size=20), fault=FAULTS)
+    def rewrite(self, node: str, path: str, data: bytes, fault: tuple[str, bool] | None) -> None:
+        if path not in self.files:
+            return
+        ns = self.namespaces[node]
+
+        async def step() -> None:
+            handle = await ns.create(path, os.O_WRONLY | os.O_TRUNC, 0o644)  # opens the existing file
+            try:
+                await ns.write(handle, 0, data)
+            finally:
+                await ns.release(handle)
+
+        error = self._run(fault, step)
+        if fault is None:
+            self._expect(error, None)
+            self.files[path] = data
+
+    @rule(node=st.sampled_from(NODES), path=st.sampled_from(PATHS), fault=FAULTS)
+    def mkdir(self, node: str, path: str, fault: tuple[str, bool] | None) -> None:
+        if not self._parent_ok(path):
+            return
+        exists = path in self.files or path in self.dirs
+        error = self._run(fault, lambda: self.namespaces[node].mkdir(path, 0o755))
+        if fault is None:
+            self._expect(error, FileExistsError if exists else None)
+            if not exists:
+                self.dirs.add(path)
+
+    @rule(node=st.sampled_from(NODES), path=st.sampled_from(PATHS), fault=FAULTS)
+    def unlink(self, node: str, path: str, fault: tuple[str, bool] | None) -> None:
+        expected: type[OSError] | None = (None if path in self.files else
+                                          IsADirectoryError if path in self.dirs else FileNotFoundError)
+        error = self._run(fault, lambda: self.namespaces[node].unlink(path))
+        if fault is None:
+            self._expect(error, expected)
+            self.files.pop(path, None)
+
+    @rule(node=st.sampled_from(NODES), path=st.sampled_from(PATHS), fault=FAULTS)
+    def rmdir(self, node: str, path: str, fault: tuple[str, bool] | None) -> None:
+        if path not in self.dirs or self._children(path):
+            return
+        error = self._run(fault, lambda: self.namespaces[node].rmdir(path))
+        if fault is None:
+            self._expect(error, None)
+            self.dirs.discard(path)
+
+    @rule(node=st.sampled_from(NODES), src=st.sampled_from(PATHS), dst=st.sampled_from(PATHS), fault=FAULTS)
+    def rename(self, node: str, src: str, dst: str, fault: tuple[str, bool] | None) -> None:
+        if src == dst or not self._parent_ok(dst) or dst.startswith(src + "/") or src.startswith(dst + "/"):
+            return
+        file_over_file_or_new = src in self.files and dst not in self.dirs
+        dir_to_new_name = src in self.dirs and dst not in self.files and dst not in self.dirs
+        if not (file_over_file_or_new or dir_to_new_name):
+            return
+        error = self._run(fault, lambda: self.namespaces[node].rename(src, dst))
+        if fault is None:
+            self._expect(error, None)
+            if src in self.files:
+                self.files[dst] = self.files.pop(src)
+            else:
+                moved = [src, *self._children(src)]
+                for old in moved:
+                    new = dst + old[len(src):]
+                    if old in self.files:
+                        self.files[new] = self.files.pop(old)
+                    else:
+                        self.dirs.discard(old)
+                        self.dirs.add(new)
+
+    @rule(node=st.sampled_from(NODES), path=st.sampled_from(PATHS))
+    def look(self, node: str, path: str) -> None:
+        """A lookup in between (make checking outputs): leaves a leased "not found" behind."""
+        async def step() -> None:
+            await self._check_one(node, path)
+        assert self._run(None, step) is None
+
+    @rule(node=st.sampled_from(NODES), path=st.sampled_from(PATHS), data=st.binary(max_size=20))
+    def write_straight_into_an_export(self, node: str, path: str, data: bytes) -> None:
+        """A file copied into one node's export outside the mount (parents made there too):
+        every node sees it once that node's watcher has scanned (the daemon scans every second)."""
+        if not self._parent_ok(path) or path in self.files or path in self.dirs:
+            return
+        target = self.base / node / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+
+        async def scan() -> None:
+            for watcher in self.watchers.values():
+                await watcher.scan()
+
+        assert self._run(None, scan) is None
+        self.files[path] = data
+
+    @rule(node=st.sampled_from(NODES))
+    def restart(self, node: str) -> None:
+        """kill -9 and `gmount up`: the node's index and caches are gone; every node is told
+        (set_peers) and forgets its caches and built directories, as the daemon does."""
+        self._start(node)
+        for other in NODES:
+            self.locators[other].forget_all()
+            self.indexes[other].forget_all()
+
+    # -- the check ------------------------------------------------------------------
+
+    async def _check_one(self, node: str, path: str) -> None:
+        ns = self.namespaces[node]
+        try:
+            location = await ns.lookup(path)
+        except FileNotFoundError as exc:
+            assert not isinstance(exc, AbsentForNow), f"{node}: {path}: an uncertain answer with every node up: {exc}"
+            assert path not in self.files and path not in self.dirs, f"{node} does not see {path}: {exc}"
+            return
+        if path in self.files:
+            assert location.attr.is_file and location.attr.size == len(self.files[path]), (node, path, location)
+            assert await read_file(ns, path) == self.files[path]
+        else:
+            assert path in self.dirs and location.attr.is_dir, f"{node} sees {path} ({location}) that is gone"
+
+    @invariant()
+    def union_namespace_matches_the_model(self) -> None:
+        holders, dirs = self._disk()
+        twins = {path: nodes for path, nodes in holders.items() if len(nodes) > 1}
+        assert not twins, f"files on two nodes: {twins}"
+        assert not set(holders) & dirs, "a name is a file on one node and a directory on another"
+        assert set(holders) == set(self.files) and dirs == self.dirs, (sorted(holders), sorted(dirs),
+                                                                        sorted(self.files), sorted(self.dirs))
+
+        async def check() -> None:
+            if self.faulty:  # converge: owed rebuilds reach the homes, leases given out meanwhile expire
+                for locator in self.locators.values():
+                    await locator.flush_owed()
+                self.clock.jump(max(IndexLocator.lease_for(NEGATIVE_TTL), CLAIM_GRACE) + 1)
+                self.faulty = False
+            for node in NODES:
+                for path in PATHS:
+                    await self._check_one(node, path)
+
+        trio.run(check, clock=self.clock)
+
+
+IndexNetwork.TestCase.settings = settings(max_examples=int(os.environ.get("GMOUNT_SM_EXAMPLES", "40")),
+                                          stateful_step_count=25, deadline=None,
+                                          suppress_health_check=[HealthCheck.too_slow])
+test_index_network_matches_the_union_namespace = IndexNetwork.TestCase
+
+
+# ------------------------------------------------------------- real mounts, lookup = "index"
+
+INDEX_TUNING = 'attr_ttl = 2.0\nnegative_ttl = 10.0\nrpc_timeout = 1.5\nconnect_timeout = 1.0\nlookup = "index"'
+
+
+@pytest.fixture(scope="module")
+def mounted(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    require("FUSE", fuse_problem())
+    base = tmp_path_factory.mktemp("index-mounts")
+    with local_cluster(base, f"ix-{os.getpid()}", FOUR_NODES, FOUR_NODE_LINKS, INDEX_TUNING) as running:
+        yield running
+
+
+def sent_by(after: dict[str, dict[str, int]], before: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """Messages each node sent between two counter snapshots, by operation (nodes that sent none left out)."""
+    result: dict[str, dict[str, int]] = {}
+    for node, row in after.items():
+        ops = {key.split(".", 1)[1]: value - before[node].get(key, 0) for key, value in row.items()
+               if key.startswith("messages.") and value != before[node].get(key, 0)
+               and key != "messages.index_sync"}  # background: a scan of the export, not part of any operation
+        if ops:
+            result[node] = ops
+    return result
+
+
+def _write(cluster: LocalCluster, node: str, rel: str, data: bytes) -> None:
+    with open(cluster.mount(node) / rel, "wb") as f:
+        f.write(data)
+
+
+def test_mount_lookup_mode_is_index(mounted: LocalCluster) -> None:
+    assert mounted.spec.tuning.lookup == "index"
+    counters = ApiCluster.open(mounted.spec.name).counters()
+    assert set(counters) == set(NODES) and all("messages_sent" in row for row in counters.values())
+
+
+def test_mount_create_after_a_miss_is_visible_at_once(mounted: LocalCluster) -> None:
+    top = f"miss-then-create-{uuid.uuid4().hex[:8]}"
+    (mounted.mount("n1") / top).mkdir()
+    invisible = []
+    for i in range(40):
+        consumer, producer = (("n1", "n3"), ("n4", "n2"), ("n2", "n4"), ("n3", "n1"))[i % 4]
+        rel = f"{top}/out-{i}"
+        assert not (mounted.mount(consumer) / rel).exists()  # the kernel and the daemon keep "absent"
+        _write(mounted, producer, rel, f"output {i}".encode())
+        try:
+            if (mounted.mount(consumer) / rel).read_bytes() != f"output {i}".encode():
+                invisible.append(f"{i}: wrong bytes")
+        except FileNotFoundError:
+            invisible.append(f"{i}: {producer}->{consumer} ENOENT")
+    assert invisible == []
+
+
+def test_mount_rotating_writers_make_no_twins(mounted: LocalCluster) -> None:
+    rel = f"rotating-{uuid.uuid4().hex[:8]}"
+    for node in NODES:
+        assert not (mounted.mount(node) / rel).exists()
+    wrong = []
+    for i in range(40):
+        writer, reader = NODES[i % 4], NODES[(i + 2) % 4]
+        _write(mounted, writer, rel, f"version {i}".encode())
+        got = (mounted.mount(reader) / rel).read_bytes()
+        if got != f"version {i}".encode():
+            wrong.append(f"{i}: {writer}->{reader}: {got!r}")
+    assert wrong == []
+    assert [n for n in NODES if (mounted.export(n) / rel).exists()] == ["n1"]  # the first writer's file
+    with pytest.raises(FileExistsError):
+        os.open(mounted.mount("n3") / rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+
+
+def test_mount_miss_remote_hit_and_create_cost_at_most_one_message(mounted: LocalCluster) -> None:
+    homes = Homes(tuple(mounted.spec.nodes))
+    directory = homed_at(homes, "n2", f"/counted-{uuid.uuid4().hex[:6]}-")
+    top = mounted.mount("n1") / directory.lstrip("/")
+    top.mkdir()  # on n1: its own lookups of the directory cost nothing
+    _write(mounted, "n3", f"{directory.lstrip('/')}/far", b"held by n3")
+    assert not (top / "warm-up").exists()
+
+    api = ApiCluster.open(mounted.spec.name)
+    before = api.counters()
+    assert not (top / "missing").exists()
+    after_miss = api.counters()
+    assert sent_by(after_miss, before) == {"n1": {"index_lookup": 1}}  # one request, to the home n2
+    assert not (top / "missing").exists()  # again: the kernel's negative entry (leased), nothing sent
+    assert sent_by(api.counters(), after_miss) == {}
+
+    hit = api.counters()
+    assert (top / "far").stat().st_size == len(b"held by n3")
+    assert sent_by(api.counters(), hit) == {"n1": {"index_lookup": 1}}
+
+    counted = api.counters()
+    fd = os.open(top / "new", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    created = api.counters()
+    try:
+        os.write(fd, b"stays on n1")
+    finally:
+        os.close(fd)
+    closed = api.counters()
+    # the kernel's LOOKUP (a miss: one request to the home) then CREATE (the claim at the home)
+    assert sent_by(created, counted) == {"n1": {"index_lookup": 1, "index_claim": 1}}
+    assert sent_by(closed, created) == {"n1": {"index_set": 1}}  # the new size, to the home
+    assert [n for n in NODES if (mounted.export(n) / directory.lstrip("/") / "new").exists()] == ["n1"]
+    assert (mounted.mount("n4") / directory.lstrip("/") / "new").read_bytes() == b"stays on n1"
