@@ -64,8 +64,8 @@ def test_a_file_written_at_one_site_is_read_at_the_other_and_teardown_leaves_not
             assert len(brick_files) == 8
         assert _ours_running(markers) == []
         assert not volume.dir.exists()
-        for path in brick_files:
-            assert not Path(path).exists(), f"{path} left behind"
+        for leftover in brick_files:
+            assert not Path(leftover).exists(), f"{leftover} left behind"
         with open("/proc/self/mounts") as f:
             assert str(base) not in f.read()
         pids = [*daemons.values(), *volume.bricks, emu.delay_pid]
