@@ -103,6 +103,8 @@ def bench(session: nox.Session) -> None:
 
 WAN_PACKAGES = ["iproute2", "iptables", "util-linux", "gcc", "libnetfilter-queue-dev", "libmnl-dev", "fio", "sshfs",
                 "openssh-server", "openssh-client"]
+#: GlusterFS, a peer in the WAN metadata and fio benchmarks (glusterd, bricks and the FUSE client)
+GLUSTER_PACKAGES = ["glusterfs-server", "glusterfs-client"]
 
 
 @nox.session
@@ -115,7 +117,7 @@ def wan(session: nox.Session) -> None:
 
 def bench_wan(session: nox.Session, args: list[str]) -> None:
     """Metadata (ParaMark-style), fio and deploy benchmarks over emulated WAN sites (root)."""
-    ensure_system_packages(session, BASE_PACKAGES + WAN_PACKAGES)
+    ensure_system_packages(session, BASE_PACKAGES + WAN_PACKAGES + GLUSTER_PACKAGES)
     session.run("python", "-m", "benchmarks.wan.bench_link", *args)
     session.run("python", "-m", "benchmarks.wan.bench_meta", *args)
     session.run("python", "-m", "benchmarks.wan.bench_io", *args)
@@ -124,7 +126,10 @@ def bench_wan(session: nox.Session, args: list[str]) -> None:
 
 @nox.session(name="bench-wan")
 def bench_wan_session(session: nox.Session) -> None:
-    """Only the WAN benchmarks, full size unless `-- --quick` (MooseFS joins if moosefs-* are installed)."""
+    """Only the WAN benchmarks, full size unless `-- --quick` (MooseFS joins if moosefs-* are installed).
+
+    GlusterFS (a peer in the metadata and fio runs) is installed with apt-get when it is missing.
+    """
     install_project(session)
     bench_wan(session, session.posargs)
 

@@ -10,9 +10,14 @@ benchmarks.wan. Every measurement runs on `near`'s side:
 - gmount local_path:    the path from the `user.gmount.local_path` xattr (bypasses FUSE entirely)
 - gmount remote:        a file held by `far`, through near's mount (RPCs across the link)
 - sshfs remote:         the same far file through sshfs (sshd in far's site, sshfs in near's)
+- glusterfs local:      a distribute volume over one brick on near and one on far (glusterd and
+                        brick per node, benchmarks/wan/glusterfs.py), mounted on near; a file
+                        whose DHT hash puts it on near's brick
+- glusterfs remote:     a file of the same volume on far's brick, through near's gluster mount
 
 Jobs: sequential read (1 MiB blocks), random read (4 KiB, iodepth 1), sequential
-write (1 MiB, local targets only: gmount creates land on the local node). fio
+write (1 MiB; gmount creates land on the local node, so it has no remote write;
+sshfs and glusterfs write remote files, glusterfs local ones too). fio
 invalidates the file's page cache before each job (`invalidate=1`); the export
 file itself stays in the host page cache, so `direct` is a memory-speed baseline.
 Ratios to `direct` in the same run are what the plot shows.
@@ -31,6 +36,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from . import glusterfs
 from . import sites as wan
 from .bench_meta import _interrupt, _wait_mounted, _wait_port, describe_run, log
 
@@ -62,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="64 MiB files, 3 s random reads")
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--rtt-ms", type=float, default=10.0)
+    parser.add_argument("--no-glusterfs", action="store_true", help="leave GlusterFS out")
     parser.add_argument("--out", type=Path, default=RESULTS / "wan_io.json")
     args = parser.parse_args(argv)
     size = 64 if args.quick else args.size_mib
@@ -69,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     if (why := wan.problem()) is not None:
         log(f"cannot run: {why}")
         return 1
+    with_gluster = not args.no_glusterfs
+    if with_gluster and (why := glusterfs.ensure_installed(log)) is not None:
+        log(f"glusterfs skipped: {why}")
+        with_gluster = False
     signal.signal(signal.SIGTERM, _interrupt)
     run = describe_run()
     rows: list[dict[str, Any]] = []
@@ -99,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
             "gmount remote": {"read": near_mnt / "remote.bin"},
             "sshfs remote": {"read": sshfs_mnt / "remote.bin", "write": sshfs_mnt / "w-sshfs.bin"},
         }
+        if with_gluster:
+            targets.update(_gluster(emu, work, stack, size))
         for job in JOBS:
             for target, paths in targets.items():
                 path = paths.get("write" if job == "seq_write" else "read")
@@ -146,6 +159,36 @@ def _sshfs(emu: wan.Emulation, work: Path, stack: ExitStack) -> Path:
     _wait_mounted(mnt)
     stack.callback(lambda: subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True))
     return mnt
+
+
+def _gluster(emu: wan.Emulation, work: Path, stack: ExitStack, size_mib: int) -> dict[str, dict[str, Path]]:
+    """A distribute volume over near and far, mounted on near; files placed on either brick by their names.
+
+    The DHT hash of a name picks the brick, so empty candidates are created until
+    each brick holds a read and a write target; the read targets are then filled.
+    """
+    volume = glusterfs.GlusterFs(emu, work, nodes=["near", "far"])
+    stack.enter_context(volume.running())
+    mnt = volume.mount("near")
+    picked: dict[tuple[str, str], Path] = {}
+    for i in range(200):
+        if len(picked) == 4:
+            break
+        path = mnt / f"g{i}.bin"
+        path.touch()
+        holder = volume.holder(path)
+        use = next((u for u in ("read", "write") if (u, holder) not in picked), None)
+        if use is None:
+            path.unlink()
+        else:
+            picked[(use, holder)] = path
+    if len(picked) < 4:
+        raise glusterfs.GlusterError(f"200 names did not give two files on each brick: {sorted(picked)}")
+    for holder in ("near", "far"):
+        subprocess.run(["fio", "--name=fill", f"--filename={picked[('read', holder)]}", f"--size={size_mib}M",
+                        "--rw=write", "--bs=1M", "--output-format=terse"], check=True, capture_output=True)
+    return {"glusterfs local": {"read": picked[("read", "near")], "write": picked[("write", "near")]},
+            "glusterfs remote": {"read": picked[("read", "far")], "write": picked[("write", "far")]}}
 
 
 def table(result: dict[str, Any]) -> str:

@@ -1,7 +1,7 @@
 """ParaMark-style metadata benchmark over emulated WAN sites: gmountpy beside central designs.
 
-    python -m benchmarks.wan.bench_meta [--quick | --ops N] [--r-adj 0.2,0.5,0.8,1.0]
-                                        [--systems gmountpy,sshfs,moosefs] [--out PATH]
+    python -m benchmarks.wan.bench_meta [--quick | --ops N] [--r-adj 0.2,0.5,0.8,1.0] [--sites 2|3|4]
+                                        [--systems gmountpy,sshfs,moosefs,glusterfs] [--out PATH]
 
 A 4-site x 2-node cluster (RTTs 5-30 ms between sites, see CLUSTER) is
 emulated with benchmarks.wan; one client per node runs N ops of each type
@@ -18,6 +18,9 @@ Systems, all inside the same emulated sites, in the same run:
   namespace). Metadata and data at one server: r_adj does not change where files are.
 - moosefs: MooseFS master at the central site, one chunkserver per site, mfsmount on
   every node. Central metadata, distributed data (the Gfarm/Lustre design).
+- glusterfs: one glusterd and one brick per node, a distribute volume over all bricks,
+  a FUSE client on every node (benchmarks/wan/glusterfs.py). No metadata server: the
+  DHT hash of a name picks its brick, so r_adj does not change where files are either.
 The aggregate rate of a phase is all clients' ops / the slowest client's time.
 """
 
@@ -39,6 +42,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
+from . import glusterfs
 from . import sites as wan
 from .meta_client import OPS
 
@@ -62,6 +66,13 @@ def cluster_toml(work: Path, name: str) -> str:
     for a, b, rtt in LINKS:
         lines += ["[[links]]", f'sites = ["{a}", "{b}"]', f"rtt_ms = {rtt}"]
     return "\n".join(lines) + "\n"
+
+
+def use_sites(n: int) -> None:
+    """A smaller run: only the first n sites of SITES and the links between them."""
+    global SITES, LINKS
+    SITES = dict(list(SITES.items())[:n])
+    LINKS = [(a, b, rtt) for a, b, rtt in LINKS if a in SITES and b in SITES]
 
 
 def central_site() -> str:
@@ -362,9 +373,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", type=int, default=1000, help="ops per client per op type (default 1000)")
     parser.add_argument("--quick", action="store_true", help="50 ops per client per type")
     parser.add_argument("--r-adj", default="0.2,0.5,0.8,1.0")
-    parser.add_argument("--systems", default="gmountpy,sshfs,moosefs")
+    parser.add_argument("--systems", default="gmountpy,sshfs,moosefs,glusterfs")
+    parser.add_argument("--sites", type=int, default=4, choices=[2, 3, 4],
+                        help="emulate only the first N of the 4 sites (default 4)")
     parser.add_argument("--out", type=Path, default=RESULTS / "wan_meta.json")
     args = parser.parse_args(argv)
+    use_sites(args.sites)
     n = 50 if args.quick else args.ops
     r_values = [float(r) for r in args.r_adj.split(",")]
     systems = [s for s in args.systems.split(",") if s]
@@ -374,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
     if "moosefs" in systems and shutil.which("mfsmaster") is None:
         log("moosefs skipped: mfsmaster not installed (Debian: moosefs-master moosefs-chunkserver moosefs-client)")
         systems.remove("moosefs")
+    if "glusterfs" in systems and (why := glusterfs.ensure_installed(log)) is not None:
+        log(f"glusterfs skipped: {why}")
+        systems.remove("glusterfs")
     if "sshfs" in systems and shutil.which("sshfs") is None:
         log("sshfs skipped: not installed (Debian: sshfs)")
         systems.remove("sshfs")
@@ -401,8 +418,10 @@ def main(argv: list[str] | None = None) -> int:
                 system = Sshfs(emu, work, central)
             elif system_name == "moosefs":
                 system = MooseFs(emu, work, central)
+            elif system_name == "glusterfs":
+                system = glusterfs.GlusterFs(emu, work)
             else:
-                raise SystemExit(f"unknown system {system_name!r} (gmountpy, sshfs, moosefs)")
+                raise SystemExit(f"unknown system {system_name!r} (gmountpy, sshfs, moosefs, glusterfs)")
             for plan in plans.values():
                 for kind, path, holder in holdings(plan):
                     system.place(kind, path, holder)
@@ -414,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
         run["loadavg_end"] = os.getloadavg()
         cluster = (work / "cluster.toml").read_text().replace(str(work), "$WORK")
     result = {"benchmark": "wan_meta", **run, "cluster": cluster, "central_site": central,
-              "ops_per_client": n, "clients": sum(len(v) for v in SITES.values()), "results": rows}
+              "ops_per_client": n, "sites": len(SITES), "clients": sum(len(v) for v in SITES.values()),
+              "results": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     log(f"wrote {args.out}")
@@ -459,7 +479,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.set_title(f"r_adj = {r:g}", fontsize=9)
     axes[0, 0].legend(fontsize=8, ncol=len(systems))
     axes[-1, 0].set_xticks([i + 0.4 - width / 2 for i in range(len(OPS))], OPS, rotation=30, fontsize=8)
-    fig.suptitle(f"Aggregate metadata ops/s, {result['clients']} clients on 4 WAN sites (RTT 5-30 ms), "
+    rtts = sorted({rtt for a, b, rtt in LINKS})
+    span = f"{rtts[0]:g}-{rtts[-1]:g}" if len(rtts) > 1 else f"{rtts[0]:g}"
+    fig.suptitle(f"Aggregate metadata ops/s, {result['clients']} clients on {result.get('sites', 4)} WAN sites "
+                 f"(RTT {span} ms), "
                  f"{result['ops_per_client']} ops/client/type — commit {result['commit'][:10]}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -476,7 +499,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("r_adj (fraction of targets at the client's site)")
         ax.set_ylabel("gmountpy ops/s ÷ baseline ops/s")
         ax.legend(fontsize=7, ncol=2)
-        ax.set_title("gmountpy relative to central designs in the same run", fontsize=9)
+        ax.set_title("gmountpy relative to the other systems in the same run", fontsize=9)
         fig.tight_layout()
         fig.savefig(path.with_name(path.stem + "_ratio.png"), dpi=110)
         plt.close(fig)

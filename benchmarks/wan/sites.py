@@ -5,7 +5,8 @@ and no pre-existing namespace is touched; nothing is added to the host's own net
 namespace):
 
     site namespace  <prefix>-<site>    veth `wan` 10.200.<i>.2/24, one address per node
-                                       10.200.<i>.<10+k>, default route via the hub
+                                       10.200.<i>.<10+k>, 10.200.0.0/16 via the hub, nothing else
+                                       (an unreachable default route)
     hub namespace   <prefix>-hub       veth `s<i>` 10.200.<i>.1/24 towards each site, forwarding on;
                                        FORWARD -i s<i> -o s<j> -j NFQUEUE --queue-num <q(i,j)>
     gmw-delay (C, libnetfilter_queue)  inside the hub: holds each packet of queue q(i,j) for
@@ -271,7 +272,10 @@ def _build(emu: Emulation, sites: list[str], bandwidth: dict[frozenset[str], flo
             _sh(["ip", "-n", ns, "addr", "add", f"{emu.address[node]}/24", "dev", "wan"],
                 f"site {site}: address of node {node}")
         _sh(["ip", "-n", ns, "link", "set", "wan", "up"], f"site {site}: veth up")
-        _sh(["ip", "-n", ns, "route", "add", "default", "via", f"10.200.{i}.1"], f"site {site}: route")
+        _sh(["ip", "-n", ns, "route", "add", "10.200.0.0/16", "via", f"10.200.{i}.1"], f"site {site}: route")
+        # Nothing outside the sites is reachable: say so at once, so that a peer's reverse DNS
+        # lookup of a site address (glusterd does them) fails at once, not after the resolver's 5 s.
+        _sh(["ip", "-n", ns, "route", "add", "unreachable", "default"], f"site {site}: unreachable default")
         for key in ("net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem"):
             _sh(_in(ns, "sysctl", "-qw", f"{key}={TCP_BUFFERS}"), f"site {site}: {key}")
     queues: list[str] = []
