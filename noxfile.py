@@ -19,7 +19,8 @@ nox.options.reuse_existing_virtualenvs = True
 BASE_PACKAGES = ["fuse3", "libfuse3-dev", "pkg-config", "gcc", "python3-dev"]
 #: the tests run a real sshd and the WAN harness (namespaces, iptables-legacy, the NFQUEUE delay program)
 TEST_PACKAGES = ["openssh-server", "openssh-client", "iproute2", "iptables", "util-linux",
-                 "libnetfilter-queue-dev", "libmnl-dev"]
+                 "libnetfilter-queue-dev", "libmnl-dev",
+                 "glusterfs-server", "glusterfs-client"]  # the WAN benchmarks' GlusterFS peer, tested too
 PIPELINE_PACKAGES = ["make", "montage"]  # the reference pipelines: GNU make and the Montage executables
 
 
