@@ -1,7 +1,7 @@
 """ParaMark-style metadata benchmark over emulated WAN sites: gmountpy beside central designs.
 
     python -m benchmarks.wan.bench_meta [--quick | --ops N] [--r-adj 0.2,0.5,0.8,1.0] [--sites 2|3|4]
-                                        [--systems gmountpy,sshfs,moosefs,glusterfs] [--out PATH]
+                                        [--systems gmountpy,gmountpy-index,...] [--out PATH]
 
 A 4-site x 2-node cluster (RTTs 5-30 ms between sites, see CLUSTER) is
 emulated with benchmarks.wan; one client per node runs N ops of each type
@@ -13,6 +13,9 @@ rest on nodes of the other sites, chosen at random.
 
 Systems, all inside the same emulated sites, in the same run:
 - gmountpy: daemons in the site namespaces; targets written into the holders' exports.
+  Three systems, one per `lookup` mode: `gmountpy` (GMount's search, the default),
+  `gmountpy-index` (the homed directory index) and `gmountpy-central` (every directory
+  homed at the first node of the central site: gmountpy as a central-metadata design).
 - sshfs: one sshd at the central site (the site with the smallest total RTT to the
   others) serves one directory; every node mounts it (sshfs in its own site's
   namespace). Metadata and data at one server: r_adj does not change where files are.
@@ -129,16 +132,25 @@ class System(Protocol):
     def place(self, kind: str, path: str, holder: str) -> None: ...
 
 
+#: gmountpy's lookup modes, each a system of its own: GMount's search (the default), the homed
+#: directory index, and every directory homed at one node of the central site (central metadata).
+GMOUNT_MODES = {"gmountpy": "flood", "gmountpy-index": "index", "gmountpy-central": "central"}
+
+
 class Gmount:
     """gmountpy: targets written into the holders' exports before `up`, so no cache is stale."""
 
-    name = "gmountpy"
-
-    def __init__(self, emu: wan.Emulation) -> None:
+    def __init__(self, emu: wan.Emulation, name: str = "gmountpy", central: str = "") -> None:
         from gmountpy.config import load_spec
 
-        self.spec = load_spec(emu.cluster_file)
+        self.name = name
         self.emu = emu
+        mode = GMOUNT_MODES[name]
+        self.variant = "" if mode == "flood" else mode
+        self.tuning: dict[str, Any] = {"lookup": mode}
+        if mode == "central":
+            self.tuning["central_node"] = SITES[central][0]
+        self.spec = load_spec(wan.variant_file(emu, self.variant, self.tuning) if self.variant else emu.cluster_file)
 
     def place(self, kind: str, path: str, holder: str) -> None:
         target = Path(self.spec.node(holder).export) / path
@@ -150,7 +162,7 @@ class Gmount:
 
     @contextmanager
     def running(self) -> Iterator[None]:
-        with wan.gmount_cluster(self.emu):
+        with wan.gmount_cluster(self.emu, self.variant, self.tuning):
             yield
 
     def mount(self, node: str) -> Path:
@@ -373,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", type=int, default=1000, help="ops per client per op type (default 1000)")
     parser.add_argument("--quick", action="store_true", help="50 ops per client per type")
     parser.add_argument("--r-adj", default="0.2,0.5,0.8,1.0")
-    parser.add_argument("--systems", default="gmountpy,sshfs,moosefs,glusterfs")
+    parser.add_argument("--systems", default="gmountpy,gmountpy-index,gmountpy-central,sshfs,moosefs,glusterfs")
     parser.add_argument("--sites", type=int, default=4, choices=[2, 3, 4],
                         help="emulate only the first N of the 4 sites (default 4)")
     parser.add_argument("--out", type=Path, default=RESULTS / "wan_meta.json")
@@ -412,8 +424,8 @@ def main(argv: list[str] | None = None) -> int:
         plans = {r: layout(r, n) for r in r_values}
         for system_name in systems:
             system: Any
-            if system_name == "gmountpy":
-                system = Gmount(emu)
+            if system_name in GMOUNT_MODES:
+                system = Gmount(emu, system_name, central)
             elif system_name == "sshfs":
                 system = Sshfs(emu, work, central)
             elif system_name == "moosefs":
@@ -421,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
             elif system_name == "glusterfs":
                 system = glusterfs.GlusterFs(emu, work)
             else:
-                raise SystemExit(f"unknown system {system_name!r} (gmountpy, sshfs, moosefs, glusterfs)")
+                raise SystemExit(f"unknown system {system_name!r} ({', '.join(GMOUNT_MODES)}, sshfs, moosefs, "
+                                 "glusterfs)")
             for plan in plans.values():
                 for kind, path, holder in holdings(plan):
                     system.place(kind, path, holder)

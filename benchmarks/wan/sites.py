@@ -504,13 +504,32 @@ def emulate(cluster_file: str | os.PathLike[str], *,
             raise WanError("teardown left things behind:\n  " + "\n  ".join(problems))
 
 
+def variant_file(emu: Emulation, variant: str, tuning: dict[str, Any]) -> str:
+    """The emulation's cluster file for a variant: own name, exports and mountpoints; `tuning` added."""
+    data = tomllib.loads(Path(emu.cluster_file).read_text())
+    data["name"] = f"{data['name']}-{variant}"
+    for table in data.get("nodes", {}).values():
+        table["export"] = f"{table['export']}-{variant}"
+        table["mountpoint"] = f"{table['mountpoint']}-{variant}"
+        os.makedirs(table["export"], exist_ok=True)
+    data.setdefault("tuning", {}).update(tuning)
+    path = Path(emu.cluster_file).with_name(f"{data['name']}.wan.toml")
+    path.write_text("# written by benchmarks.wan for a variant of the cluster\n" + _toml(data))
+    return str(path)
+
+
 @contextmanager
-def gmount_cluster(emu: Emulation) -> Iterator[ClusterSpec]:
-    """`gmount up` on the emulation's cluster file (daemons in the site namespaces); down on exit."""
+def gmount_cluster(emu: Emulation, variant: str = "", tuning: dict[str, Any] | None = None) -> Iterator[ClusterSpec]:
+    """`gmount up` on the emulation's cluster file (daemons in the site namespaces); down on exit.
+
+    A `variant` is the same nodes and sites as another cluster, with exports and mountpoints of
+    its own (suffixed `-<variant>`) and `tuning` added: e.g. `lookup = "central"` beside the default.
+    """
     from gmountpy import launch
     from gmountpy.config import load_spec
 
-    spec = load_spec(emu.cluster_file)
+    path = variant_file(emu, variant, tuning or {}) if variant else emu.cluster_file
+    spec = load_spec(path)
     emu.gmount_up = True
     emu.save()
     try:
@@ -520,5 +539,7 @@ def gmount_cluster(emu: Emulation) -> Iterator[ClusterSpec]:
         problems = launch.down(spec.name)
         emu.gmount_up = False
         emu.save()
+        if variant:
+            Path(path).unlink(missing_ok=True)
         if problems:
             raise WanError(f"gmount down {spec.name}: {problems}")

@@ -198,3 +198,30 @@ def test_bandwidth_mbit_caps_the_link_and_is_not_passed_to_gmount(wan: None, bas
         mbit = measured["bytes"] * 8 / measured["seconds"] / 1e6
         assert 40 <= mbit <= 84, f"{mbit:.1f} Mbit/s through an 80 Mbit/s cap"
     reap(server, client)
+
+
+COUNTERS_OF_E1 = ("import json, sys; from gmountpy.api import Cluster; "
+                  "print(json.dumps(Cluster.open(sys.argv[1]).counters()['e1']))")
+
+
+def test_a_variant_runs_the_same_sites_with_its_own_exports_and_lookup_mode(wan: None, base: Path) -> None:
+    """bench_meta's gmountpy-central: the same emulation, its own directories, every lookup to the central node."""
+    require("FUSE", fuse_problem())
+    before = host_snapshot()
+    with emulate(cluster_file(base, 4.0), workdir=base) as emu:
+        with gmount_cluster(emu, "central", {"lookup": "central", "central_node": "w1"}) as spec:
+            assert spec.name.endswith("-central") and spec.tuning.lookup == "central"
+            assert spec.node("w1").export == f"{base}/w1/export-central"
+            Path(spec.node("w1").export, "held-in-west.txt").write_text("west")
+            assert (Path(spec.node("e1").mountpoint) / "held-in-west.txt").read_text() == "west"
+            assert (Path(spec.node("e1").mountpoint) / "nowhere.txt").exists() is False
+            # the daemons listen inside the sites: ask them from there
+            asking = emu.spawn("east", [sys.executable, "-c", COUNTERS_OF_E1, spec.name], cwd=ROOT,
+                               stdout=subprocess.PIPE, text=True)
+            out, _ = asking.communicate(timeout=60)
+            sent = json.loads(out)
+            assert sent.get("messages.index_lookup", 0) >= 2, sent  # the home answers hits and misses
+            assert sent.get("messages.locate", 0) == 0, sent  # and nothing is searched for
+        assert not Path(emu.cluster_file).with_name(f"{spec.name}.wan.toml").exists()
+        pids = [emu.delay_pid]
+    assert_gone(emu, before, pids)
