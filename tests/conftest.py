@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -140,6 +141,24 @@ def cluster4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]
     base = tmp_path_factory.mktemp("cluster4")
     with local_cluster(base, f"t4-{os.getpid()}", FOUR_NODES, FOUR_NODE_LINKS) as cluster:
         yield cluster
+
+
+def as_terminal_job() -> None:
+    """preexec_fn for a process a test will Ctrl-C: SIGINT and SIGQUIT back to their defaults.
+
+    A test runner started in the background (as CI jobs often are) inherits SIGINT and
+    SIGQUIT ignored, and make, shells and Python keep an ignored SIGINT ignored -- as they
+    must. A terminal's foreground job, which Ctrl-C is about, has them at their defaults.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
+def close_pipes(process: subprocess.Popen[Any]) -> None:
+    """After killing a process: close its pipes now (not at garbage collection, in another test)."""
+    for stream in (process.stdin, process.stdout, process.stderr):
+        if stream is not None:
+            stream.close()
 
 
 def process_report(pid: int, cluster: LocalCluster | None = None) -> str:

@@ -188,7 +188,8 @@ def run_over_ssh(cluster: mounts.MountedCluster, node: str, ns_dir: str, command
         raise KeyboardInterrupt
 
     for sig in FORWARDED:
-        signal.signal(sig, stop)
+        if signal.getsignal(sig) != signal.SIG_IGN:  # ignored (make run in the background): stays so
+            signal.signal(sig, stop)
     try:
         return job.wait()
     except KeyboardInterrupt:

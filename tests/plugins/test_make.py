@@ -25,7 +25,17 @@ from gmountpy import Cluster, mounts
 from gmountpy_make import MAKEFILE
 from gmountpy_make.shell import strip_oneshell_prefixes
 
-from ..conftest import LocalCluster, descendants, fuse_problem, local_cluster, process_report, require, wait_for
+from ..conftest import (
+    LocalCluster,
+    as_terminal_job,
+    close_pipes,
+    descendants,
+    fuse_problem,
+    local_cluster,
+    process_report,
+    require,
+    wait_for,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = os.path.dirname(sys.executable)
@@ -292,7 +302,8 @@ def test_make_interrupt_leaves_no_processes(cluster: LocalCluster, how: str) -> 
     (cluster.export("n1") / wf / "Makefile").write_text(INCLUDE + "all: t2 t3 t4\n" + text)
     here = cluster.mount("n1") / wf
     process = subprocess.Popen(["make", "-j3"], cwd=here, env=env(), start_new_session=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=as_terminal_job)
     try:
         started = wait_for(lambda: all((here / f"bg-{i}").exists() and (here / f"bg-{i}").read_text().strip()
                                        for i in (2, 3, 4)), timeout=60)
@@ -318,6 +329,7 @@ def test_make_interrupt_leaves_no_processes(cluster: LocalCluster, how: str) -> 
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+        close_pipes(process)
         for i in (2, 3, 4):
             for kind in ("pid", "bg"):
                 try:

@@ -12,7 +12,7 @@ from pathlib import Path
 from gmountpy import launch
 from gmountpy.config import load_spec
 
-from ..conftest import require, wait_for
+from ..conftest import as_terminal_job, require, wait_for
 from ..launch.conftest import Sshd, marked_pids, sshd  # noqa: F401  (the session fixture)
 from ..launch.test_ssh import cleanup, daemon_pids
 from .test_make import INCLUDE, env, make_problem
@@ -62,7 +62,7 @@ def test_make_over_ssh_runs_each_recipe_on_the_holder_and_ctrl_c_stops_it_there(
             return found
 
         slow = subprocess.Popen(["make", "slow"], cwd=mount, env=env(), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+                                stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=as_terminal_job)
         try:
             assert wait_for(lambda: pid_file.exists() and len(sleeping()) == 2, timeout=120), \
                 "the recipe never started on n2"

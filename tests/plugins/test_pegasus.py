@@ -19,17 +19,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import gmountpy_pegasus
 import pytest
 from click.testing import CliRunner
-from gmountpy_pegasus import parse_request, prepare
-from gmountpy_pegasus.catalogs import CHOSEN_KEY, workflow_inputs
 from Pegasus import yaml as pegasus_yaml
 from Pegasus.api import File, Job, Properties, Workflow
 
 import gmountpy.pegasus
+import gmountpy_pegasus
 from gmountpy import Cluster
 from gmountpy.cli import main as gmount_main
+from gmountpy_pegasus import parse_request, prepare
+from gmountpy_pegasus.catalogs import CHOSEN_KEY, workflow_inputs
 
 from ..conftest import LocalCluster, wait_for
 

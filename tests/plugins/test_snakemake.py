@@ -23,7 +23,7 @@ import yaml
 from gmountpy import Cluster
 from gmountpy.slurm import nodelist, slurm_extra
 
-from ..conftest import LocalCluster, process_report, require, wait_for
+from ..conftest import LocalCluster, as_terminal_job, close_pipes, process_report, require, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT = 900
@@ -285,7 +285,8 @@ rule slow:
     cwd = cluster4.mount("n1") / workdir
     process = subprocess.Popen([sys.executable, "-m", "snakemake", "--executor", "gmount", "-j4",
                                 "--gmount-placement-log", "placement.jsonl", "--gmount-stop-grace", "3"],
-                               cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               preexec_fn=as_terminal_job)
     try:
         started = wait_for(lambda: len(list(cwd.glob("started-*"))) == 4, timeout=RUN_TIMEOUT, interval=0.5)
         assert started, "the four jobs did not start"
@@ -301,6 +302,7 @@ rule slow:
         if process.poll() is None:
             process.kill()
             process.wait()
+        close_pipes(process)
     assert process.returncode != 0, out
     assert wait_for(lambda: not processes_mentioning(f"sleep {token}") and not processes_mentioning(workdir),
                     timeout=15), (processes_mentioning(f"sleep {token}"), processes_mentioning(workdir))
