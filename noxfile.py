@@ -110,7 +110,7 @@ GLUSTER_PACKAGES = ["glusterfs-server", "glusterfs-client"]
 
 @nox.session
 def wan(session: nox.Session) -> None:
-    """The WAN emulation CLI: `nox -s wan -- up CLUSTER.toml [--gmount]` / `nox -s wan -- down CLUSTER.toml`."""
+    """The WAN emulation CLI: `nox -s wan -- up CLUSTER.toml [--gmount]` / `down CLUSTER.toml` / `run CLUSTER.toml -- CMD`."""
     ensure_system_packages(session, BASE_PACKAGES + WAN_PACKAGES)
     install_project(session)
     session.run("python", "-m", "benchmarks.wan", *(session.posargs or ["--help"]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import click
@@ -65,6 +66,30 @@ def down_command(cluster: str) -> None:
     if problems:
         raise SystemExit(1)
     click.echo(f"emulation of {name} removed")
+
+
+@cli.command("run", context_settings={"ignore_unknown_options": True})
+@click.argument("cluster_file", type=click.Path(exists=True, dir_okay=False))
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option("--site", help="The site whose namespace COMMAND runs in [default: the first].")
+def run_command(cluster_file: str, command: tuple[str, ...], site: str | None) -> None:
+    """Emulate the sites, `gmount up` on them, run COMMAND inside one site, tear everything down.
+
+    `{cluster}` in COMMAND is replaced by the emulated cluster file, so a workflow runs under the
+    WAN with one line, e.g. `run C.toml -- gmount pipeline montage --cluster {cluster}` (COMMAND after `--`). COMMAND's
+    exit status is this command's; teardown also happens on errors and Ctrl-C.
+    """
+    with wan.emulate(cluster_file) as emu:
+        where = site or next(iter(emu.netns))
+        if where not in emu.netns:
+            raise click.UsageError(f"no site {where!r} in {cluster_file}; sites: {', '.join(emu.netns)}")
+        with wan.gmount_cluster(emu):
+            argv = [part.replace("{cluster}", emu.cluster_file) for part in command]
+            click.echo(f"running in site {where} ({emu.netns[where]}): {' '.join(argv)}", err=True)
+            returncode = subprocess.run(["nsenter", f"--net=/run/netns/{emu.netns[where]}", "--", *argv],
+                                        check=False).returncode
+    if returncode != 0:
+        raise SystemExit(returncode)
 
 
 def main() -> int:

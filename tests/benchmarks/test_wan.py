@@ -225,3 +225,29 @@ def test_a_variant_runs_the_same_sites_with_its_own_exports_and_lookup_mode(wan:
         assert not Path(emu.cluster_file).with_name(f"{spec.name}.wan.toml").exists()
         pids = [emu.delay_pid]
     assert_gone(emu, before, pids)
+
+
+def test_run_puts_a_command_in_a_site_with_gmount_up_and_tears_everything_down(wan: None, base: Path) -> None:
+    """`python -m benchmarks.wan run C.toml -- CMD`: how a workflow runs under the WAN in one line."""
+    require("FUSE", fuse_problem())
+    before = host_snapshot()
+    toml = cluster_file(base, 4.0)
+    script = "ip -o -4 addr show; echo ===; gmount status --json {cluster}; exit 3"
+    done = subprocess.run([sys.executable, "-m", "benchmarks.wan", "run", str(toml), "--site", "west", "--",
+                           "sh", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 3, done.stderr  # the command's exit status is passed through
+    addresses, _, status = done.stdout.partition("===\n")
+    assert " 10.200." in addresses, "the command runs inside a site's namespace"
+    west = [line for line in addresses.splitlines() if " wan " in line or "wan@" in line]
+    assert west and all("10.200." in line for line in west)
+    nodes = {node["name"]: node for node in json.loads(status)}
+    assert sorted(nodes) == ["e1", "w1"] and all(node["up"] for node in nodes.values()), status
+    name = toml.read_text().split('"')[1]
+    assert Emulation.load(name) is None, "the emulation is removed after the command"
+    namespace = done.stderr.split("running in site west (", 1)[1].split(")", 1)[0]
+    prefix = namespace.removesuffix("-west")
+    after = host_snapshot()
+    assert prefix not in after["netns"] and prefix not in after["links"]
+    assert after["iptables"] == before["iptables"]
+    with open("/proc/self/mounts") as f:
+        assert str(base) not in f.read()
