@@ -47,7 +47,6 @@ import networkx as nx
 import trio
 
 from . import messages as msg
-from . import rpc
 from . import state as state_store
 from ._results import (
     ClusterStatus,
@@ -70,10 +69,9 @@ from ._results import (
 )
 from ._sync import blocking
 from ._trio import open_nursery
-from .client import client_ssl
+from .client import ClusterClient, open_client
 from .config import ClusterSpec, load_spec
 from .errors import GmountError, PeerUnavailable
-from .messages import R, Request
 from .overlay import Overlay
 from .placement import choose_node
 from .spawn import Spawned
@@ -127,45 +125,6 @@ class _Job:
             _running_jobs[self.key] -= 1
             if not _running_jobs[self.key]:
                 del _running_jobs[self.key]
-
-
-# --------------------------------------------------------------------------- RPC plumbing
-
-
-class _Connections:
-    """Authenticated connections made during one call, one per node, shared by all its requests."""
-
-    def __init__(self, state: ClusterState, secret: bytes, nursery: trio.Nursery) -> None:
-        self._state = state
-        self._secret = secret
-        self._nursery = nursery
-        self._clients: dict[str, rpc.RpcClient] = {}
-        self._locks: dict[str, trio.Lock] = {}
-
-    async def call(self, node: str, op: str, *args: Any, timeout: float = 10.0) -> Any:
-        client = await self._client(node)
-        return await client.call(op, *args, timeout=timeout)
-
-    async def ask(self, node: str, request: Request[R], *, timeout: float = 10.0) -> R:
-        return request.decode(await self.call(node, request.op, *request.args(), timeout=timeout))
-
-    async def _client(self, node: str) -> rpc.RpcClient:
-        lock = self._locks.setdefault(node, trio.Lock())
-        async with lock:
-            client = self._clients.get(node)
-            if client is None or client.closed:
-                record = self._state.nodes.get(node)
-                if record is None:
-                    raise PeerUnavailable(node, f"not a node of cluster {self._state.name!r}", errno.ENOENT)
-                client = await rpc.connect(self._nursery, record.host, record.port, secret=self._secret,
-                                           name="gmount-api", peer=node, timeout=3.0,
-                                           ssl_context=client_ssl(self._state))
-                self._clients[node] = client
-            return client
-
-    async def aclose(self) -> None:
-        for client in self._clients.values():
-            await client.aclose()
 
 
 def _kind(mode: int) -> str:
@@ -303,7 +262,7 @@ class Cluster:
         """
         names = list(self._state.spec.nodes)
 
-        async def main(conns: _Connections) -> dict[str, dict[str, int]]:
+        async def main(conns: ClusterClient) -> dict[str, dict[str, int]]:
             result: dict[str, dict[str, int]] = {}
 
             async def one(node: str) -> None:
@@ -323,7 +282,7 @@ class Cluster:
         given = _as_list(paths)
         asks = [self._ask(p, from_node) for p in given]
 
-        async def main(conns: _Connections) -> Locations:
+        async def main(conns: ClusterClient) -> Locations:
             results: list[FileLocations | None] = [None] * len(asks)
             limiter = trio.CapacityLimiter(_LOOKUPS_IN_FLIGHT)
 
@@ -349,7 +308,7 @@ class Cluster:
         """The file's bytes [start, end) read from its nearest holder (directly, no mount needed)."""
         ns_path, asking = self._ask(path, from_node)
 
-        async def main(conns: _Connections) -> bytes:
+        async def main(conns: ClusterClient) -> bytes:
             found = await self._where(conns, asking, ns_path)
             holder = _readable_holder(found)
             return await self._read(conns, holder.node, ns_path, start, end)
@@ -365,7 +324,7 @@ class Cluster:
         """
         ns_path, node = self._ask(path, holder)
 
-        async def main(conns: _Connections) -> bytes:
+        async def main(conns: ClusterClient) -> bytes:
             return await self._read(conns, node, ns_path, start, end)
 
         try:
@@ -390,7 +349,7 @@ class Cluster:
             raise ValueError(f"`concurrency` must be at least 1, got {concurrency}")
         ns_paths = [self._ask(p, None)[0] for p in _as_list(paths)]
 
-        async def main(conns: _Connections) -> StageReport:
+        async def main(conns: ClusterClient) -> StageReport:
             files, missing = await self._expand(conns, target, ns_paths)
             failures = [StageFailure(p, "no node holds it") for p in missing]
             staged: list[StagedFile] = []
@@ -405,8 +364,7 @@ class Cluster:
                     try:
                         reply = await conns.ask(target, msg.Stage(path), timeout=60.0 + size / 20e6)
                     except PeerUnavailable as exc:
-                        fatal.append(GmountError(f"cannot stage to node {target}: {exc.strerror or exc}; "
-                                                 "check it with `gmount status`"))
+                        fatal.append(GmountError(f"cannot stage to node {target}: {exc.strerror or exc}"))
                         scope.cancel()
                         return
                     except OSError as exc:
@@ -451,7 +409,7 @@ class Cluster:
         """
         ns_paths = [self._ask(p, None)[0] for p in _as_list(inputs)]
 
-        async def main(conns: _Connections) -> tuple[list[FileLocations], list[str]]:
+        async def main(conns: ClusterClient) -> tuple[list[FileLocations], list[str]]:
             return await self._expand_holders(conns, self.home, ns_paths)
 
         located, missing = self._run(main)
@@ -561,7 +519,7 @@ class Cluster:
         ns_path, asking = self._ask(path, from_node)
         target = self._node_name(on) if on is not None else asking
 
-        async def main(conns: _Connections) -> str:
+        async def main(conns: ClusterClient) -> str:
             found = await self._where(conns, asking, ns_path)
             if found.nearest is not None:
                 raise FileExistsError(errno.EEXIST, f"{ns_path} exists (on node {found.nearest.node})")
@@ -578,7 +536,7 @@ class Cluster:
         """
         ns_path, asking = self._ask(path, from_node)
 
-        async def main(conns: _Connections) -> tuple[str, ...]:
+        async def main(conns: ClusterClient) -> tuple[str, ...]:
             found = await self._where(conns, asking, ns_path)
             if found.nearest is None:
                 raise FileNotFoundError(errno.ENOENT, f"no node holds {ns_path}")
@@ -603,7 +561,7 @@ class Cluster:
         """(size, SHA-256 hex) of a file, computed on its nearest holder (no bytes cross the network)."""
         ns_path, asking = self._ask(path, from_node)
 
-        async def main(conns: _Connections) -> tuple[int, str]:
+        async def main(conns: ClusterClient) -> tuple[int, str]:
             holder = _readable_holder(await self._where(conns, asking, ns_path))
             reply = await conns.ask(holder.node, msg.Checksum(ns_path), timeout=60.0 + holder.size / 50e6)
             return reply.size, reply.sha256
@@ -621,7 +579,7 @@ class Cluster:
         target = os.fspath(local)
         temporary = f"{target}.gmount-get-{os.getpid()}-{threading.get_ident()}"
 
-        async def main(conns: _Connections) -> tuple[int, str]:
+        async def main(conns: ClusterClient) -> tuple[int, str]:
             holder = _readable_holder(await self._where(conns, asking, ns_path))
             opened = await conns.ask(holder.node, msg.Open(ns_path, os.O_RDONLY))
             digest = hashlib.sha256()
@@ -664,7 +622,7 @@ class Cluster:
             raise IsADirectoryError(errno.EISDIR, "/ is the namespace root, not a file")
         chosen = self._node_name(on) if on is not None else None
 
-        async def main(conns: _Connections) -> str:
+        async def main(conns: ClusterClient) -> str:
             found = await self._where(conns, asking, ns_path)
             if found.nearest is not None and found.nearest.is_dir:
                 raise IsADirectoryError(errno.EISDIR, f"{ns_path} is a directory (on node {found.nearest.node})")
@@ -752,14 +710,8 @@ class Cluster:
         secret = load_secret(state.name)
 
         async def main() -> T:
-            async with open_nursery() as nursery:
-                conns = _Connections(state, secret, nursery)
-                try:
-                    return await func(conns, *args)
-                finally:
-                    with trio.CancelScope(shield=True):
-                        await conns.aclose()
-                    nursery.cancel_scope.cancel()
+            async with open_client(state, name="gmount-api", secret=secret) as client:
+                return await func(client, *args)
 
         try:
             result: T = blocking(trio.run, main)
@@ -769,11 +721,11 @@ class Cluster:
 
     # -- internals: async operations -------------------------------------------------
 
-    async def _where(self, conns: _Connections, asking: str, path: str) -> FileLocations:
+    async def _where(self, conns: ClusterClient, asking: str, path: str) -> FileLocations:
         rows = await conns.ask(asking, msg.Where(path))
         return FileLocations(path, asking, tuple(Holder.from_wire(r) for r in rows))
 
-    async def _listing(self, conns: _Connections, asking: str, path: str) -> Listing:
+    async def _listing(self, conns: ClusterClient, asking: str, path: str) -> Listing:
         """The asking node merges the listing exactly as its mount does (daemon op `ls`)."""
         try:
             reply = await conns.ask(asking, msg.Ls(path))
@@ -790,7 +742,7 @@ class Cluster:
                                  e.attr.mtime_ns, e.node, e.holders))
         return Listing(path, asking, tuple(entries), reply.unreachable)
 
-    async def _expand_holders(self, conns: _Connections, asking: str,
+    async def _expand_holders(self, conns: ClusterClient, asking: str,
                               paths: list[str]) -> tuple[list[FileLocations], list[str]]:
         """Files named by `paths` with their holders, directories replaced by the files below them.
 
@@ -833,12 +785,12 @@ class Cluster:
                     files.append(item)
         return files, sorted(missing)
 
-    async def _expand(self, conns: _Connections, asking: str,
+    async def _expand(self, conns: ClusterClient, asking: str,
                       paths: list[str]) -> tuple[list[tuple[str, int]], list[str]]:
         found, missing = await self._expand_holders(conns, asking, paths)
         return [(f.path, f.nearest.size) for f in found if f.nearest is not None], missing
 
-    async def _read(self, conns: _Connections, node: str, path: str, start: int, end: int | None) -> bytes:
+    async def _read(self, conns: ClusterClient, node: str, path: str, start: int, end: int | None) -> bytes:
         """Bytes [start, end) of `path` from `node`, several 4 MiB reads in flight."""
         if start < 0 or (end is not None and end < start):
             raise ValueError(f"bad byte range [{start}, {end})")
