@@ -165,27 +165,12 @@ class Cluster:
     # -- making one ------------------------------------------------------------
 
     @classmethod
-    def open(cls, source: PathLike) -> Cluster:
-        """Attach to a running cluster, named by its cluster file, its name, or any path inside a mount."""
-        text = os.fspath(source)
-        if text and "/" not in text:
-            named = state_store.load(text)
-            if named is not None:
-                return cls(named)
-        found = state_store.find_by_path(text)
-        if found is not None:
-            return cls(found[0], home=found[1].name)
-        if os.path.isfile(text):
-            spec = load_spec(text)
-            state = state_store.load(spec.name)
-            if state is None:
-                raise GmountError(f"cluster {spec.name!r} ({text}) is not running: "
-                                  f"start it with `gmount up {text}` or `Cluster.up({text!r})`")
-            return cls(state)
-        running = [s.name for s in state_store.all_states()]
-        hint = f"running clusters: {', '.join(running)}" if running else "no cluster is running"
-        raise GmountError(f"{text!r} is neither a running cluster's name, a cluster file, nor a path inside a "
-                          f"mount ({hint})")
+    def open(cls, source: PathLike | None = None) -> Cluster:
+        """Attach to a running cluster, named by its name, its cluster file, any path inside a mount, or a
+        `gmount://NAME/...` URL; None: the cluster whose mount holds the working directory, else the only
+        running one (see gmountpy.state.resolve)."""
+        found = state_store.resolve(source, paths=[os.getcwd()])
+        return cls(found.state, home=found.node)
 
     @classmethod
     def up(cls, cluster_file: PathLike, *, progress: Callable[[str, str], None] | None = None) -> Cluster:
