@@ -21,34 +21,32 @@ it for all its requests.
 
 Results are small frozen dataclasses with a readable repr and an HTML table
 for notebooks.
+
+`Cluster` is a facade: path resolution, the requests to the daemons, file
+operations, staging, placement and execution are collaborators in
+`gmountpy._cluster` behind its methods.
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-import errno
-import hashlib
 import html
 import io
 import os
-import posixpath
-import shlex
-import signal
-import stat
-import subprocess
-import sys
-import threading
-import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import IO, TYPE_CHECKING, Any, TypeVar, Union
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Any
 
 import networkx as nx
 import trio
 
-from . import messages as msg
-from . import rpc
 from . import state as state_store
+from ._cluster.execution import Execution
+from ._cluster.files import Files
+from ._cluster.paths import PathLike as PathLike  # re-exported: the path type of every method
+from ._cluster.paths import Paths
+from ._cluster.placing import Placer, running_jobs
+from ._cluster.requests import Requests
+from ._cluster.staging import Staging
+from ._cluster.view import ClusterView
 from ._results import (
     ClusterStatus,
     CommandTimeout,
@@ -66,18 +64,13 @@ from ._results import (
     StageError,
     StageFailure,
     StageReport,
-    _normalize,
 )
 from ._sync import blocking
-from ._trio import open_nursery
-from .client import client_ssl
 from .config import ClusterSpec, load_spec
-from .errors import GmountError, PeerUnavailable
-from .messages import R, Request
+from .errors import GmountError
 from .overlay import Overlay
-from .placement import choose_node
 from .spawn import Spawned
-from .state import ClusterState, load_secret
+from .state import ClusterState
 
 if TYPE_CHECKING:
     from .fsspec import GmountFileSystem
@@ -88,104 +81,8 @@ __all__ = [
     "StageReport", "StagedFile",
 ]
 
-T = TypeVar("T")
-PathLike = Union[str, "os.PathLike[str]"]
-
-#: Largest piece asked for in one read RPC (the daemon's limit).
-_READ_PIECE = 4 * 1024 * 1024
-_READS_IN_FLIGHT = 4
-#: `where` requests in flight at once in one call (the daemon serves 64 per connection).
-_LOOKUPS_IN_FLIGHT = 32
-#: Staging shows a progress bar on its own from this many bytes on.
-_PROGRESS_FROM_BYTES = 64 * 1024 * 1024
-
-
-# --------------------------------------------------------------------------- jobs in flight
-
-# Jobs started through `Cluster.run` in this process and still running, per
-# (cluster, node). Placement counts them against the node's slots. Jobs
-# started elsewhere (other processes, other users) are not seen.
-_running_lock = threading.Lock()
-_running_jobs: dict[tuple[str, str], int] = {}
-
-
-def _running(cluster: str) -> dict[str, int]:
-    with _running_lock:
-        return {node: count for (name, node), count in _running_jobs.items() if name == cluster}
-
-
-class _Job:
-    def __init__(self, cluster: str, node: str) -> None:
-        self.key = (cluster, node)
-
-    def __enter__(self) -> None:
-        with _running_lock:
-            _running_jobs[self.key] = _running_jobs.get(self.key, 0) + 1
-
-    def __exit__(self, *exc: object) -> None:
-        with _running_lock:
-            _running_jobs[self.key] -= 1
-            if not _running_jobs[self.key]:
-                del _running_jobs[self.key]
-
-
-# --------------------------------------------------------------------------- RPC plumbing
-
-
-class _Connections:
-    """Authenticated connections made during one call, one per node, shared by all its requests."""
-
-    def __init__(self, state: ClusterState, secret: bytes, nursery: trio.Nursery) -> None:
-        self._state = state
-        self._secret = secret
-        self._nursery = nursery
-        self._clients: dict[str, rpc.RpcClient] = {}
-        self._locks: dict[str, trio.Lock] = {}
-
-    async def call(self, node: str, op: str, *args: Any, timeout: float = 10.0) -> Any:
-        client = await self._client(node)
-        return await client.call(op, *args, timeout=timeout)
-
-    async def ask(self, node: str, request: Request[R], *, timeout: float = 10.0) -> R:
-        return request.decode(await self.call(node, request.op, *request.args(), timeout=timeout))
-
-    async def _client(self, node: str) -> rpc.RpcClient:
-        lock = self._locks.setdefault(node, trio.Lock())
-        async with lock:
-            client = self._clients.get(node)
-            if client is None or client.closed:
-                record = self._state.nodes.get(node)
-                if record is None:
-                    raise PeerUnavailable(node, f"not a node of cluster {self._state.name!r}", errno.ENOENT)
-                client = await rpc.connect(self._nursery, record.host, record.port, secret=self._secret,
-                                           name="gmount-api", peer=node, timeout=3.0,
-                                           ssl_context=client_ssl(self._state))
-                self._clients[node] = client
-            return client
-
-    async def aclose(self) -> None:
-        for client in self._clients.values():
-            await client.aclose()
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "directory"
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISLNK(mode):
-        return "symlink"
-    return "other"
-
-
-def _as_list(paths: PathLike | Iterable[PathLike]) -> list[PathLike]:
-    if isinstance(paths, (str, os.PathLike)):
-        return [paths]
-    result = list(paths)
-    for p in result:
-        if not isinstance(p, (str, os.PathLike)):
-            raise TypeError(f"paths must be strings or path objects, got {p!r}")
-    return result
+#: Jobs this process runs, per node (for tests and tools: `_running(cluster_name)`).
+_running = running_jobs
 
 
 # --------------------------------------------------------------------------- the cluster
@@ -195,38 +92,40 @@ class Cluster:
     """A running gmount cluster, seen from this process. Make one with `Cluster.open` or `Cluster.up`."""
 
     def __init__(self, state: ClusterState, *, home: str | None = None) -> None:
-        self._state = state
-        self.overlay = Overlay(state.spec)
-        first = next(iter(state.spec.nodes))
-        self.home = home if home is not None else first
-        if self.home not in state.spec.nodes:
-            raise GmountError(f"unknown node {self.home!r} in cluster {state.name!r} "
-                              f"(nodes: {', '.join(state.spec.nodes)})")
+        self._view = ClusterView(state, home)
+        self._paths = Paths(self._view)
+        self._requests = Requests(self._view)
+        self._files = Files(self._view, self._paths, self._requests)
+        self._staging = Staging(self._view, self._paths, self._requests)
+        self._placer = Placer(self._view, self._paths, self._requests)
+        self._execution = Execution(self._view, self._paths, self._placer)
+
+    @property
+    def home(self) -> str:
+        """The node asked about paths that name none (see the module doc)."""
+        return self._view.home
+
+    @property
+    def overlay(self) -> Overlay:
+        """The cluster's sites, RTTs and lookup order per node."""
+        return self._view.overlay
+
+    @property
+    def _state(self) -> ClusterState:
+        return self._view.state
+
+    def _is_ssh(self, node: str) -> bool:
+        return self._view.is_ssh(node)
 
     # -- making one ------------------------------------------------------------
 
     @classmethod
-    def open(cls, source: PathLike) -> Cluster:
-        """Attach to a running cluster, named by its cluster file, its name, or any path inside a mount."""
-        text = os.fspath(source)
-        if text and "/" not in text:
-            named = state_store.load(text)
-            if named is not None:
-                return cls(named)
-        found = state_store.find_by_path(text)
-        if found is not None:
-            return cls(found[0], home=found[1].name)
-        if os.path.isfile(text):
-            spec = load_spec(text)
-            state = state_store.load(spec.name)
-            if state is None:
-                raise GmountError(f"cluster {spec.name!r} ({text}) is not running: "
-                                  f"start it with `gmount up {text}` or `Cluster.up({text!r})`")
-            return cls(state)
-        running = [s.name for s in state_store.all_states()]
-        hint = f"running clusters: {', '.join(running)}" if running else "no cluster is running"
-        raise GmountError(f"{text!r} is neither a running cluster's name, a cluster file, nor a path inside a "
-                          f"mount ({hint})")
+    def open(cls, source: PathLike | None = None) -> Cluster:
+        """Attach to a running cluster, named by its name, its cluster file, any path inside a mount, or a
+        `gmount://NAME/...` URL; None: the cluster whose mount holds the working directory, else the only
+        running one (see gmountpy.state.resolve)."""
+        found = state_store.resolve(source, paths=[os.getcwd()])
+        return cls(found.state, home=found.node)
 
     @classmethod
     def up(cls, cluster_file: PathLike, *, progress: Callable[[str, str], None] | None = None) -> Cluster:
@@ -301,60 +200,22 @@ class Cluster:
         export. Page-cache hits never reach the daemon and are not counted.
         Take two snapshots and subtract to measure one workflow.
         """
-        names = list(self._state.spec.nodes)
-
-        async def main(conns: _Connections) -> dict[str, dict[str, int]]:
-            result: dict[str, dict[str, int]] = {}
-
-            async def one(node: str) -> None:
-                result[node] = await conns.ask(node, msg.Counters())
-
-            async with open_nursery() as nursery:
-                for node in names:
-                    nursery.start_soon(one, node)
-            return {node: result[node] for node in names}
-
-        return self._run(main)
+        return self._files.counters()
 
     # -- where -------------------------------------------------------------------
 
     def where(self, paths: PathLike | Iterable[PathLike], from_node: str | Node | None = None) -> Locations:
         """Every holder of each path, nearest first (as seen from `from_node`, see the module doc)."""
-        given = _as_list(paths)
-        asks = [self._ask(p, from_node) for p in given]
-
-        async def main(conns: _Connections) -> Locations:
-            results: list[FileLocations | None] = [None] * len(asks)
-            limiter = trio.CapacityLimiter(_LOOKUPS_IN_FLIGHT)
-
-            async def one(i: int, path: str, node: str) -> None:
-                async with limiter:
-                    found = await self._where(conns, node, path)
-                results[i] = dataclasses.replace(found, given=os.fspath(given[i]))
-
-            async with open_nursery() as nursery:
-                for i, (path, node) in enumerate(asks):
-                    nursery.start_soon(one, i, path, node)
-            return Locations(tuple(r for r in results if r is not None))
-
-        return self._run(main)
+        return self._files.where(paths, from_node)
 
     def ls(self, path: PathLike = "/", from_node: str | Node | None = None) -> Listing:
         """A directory as the mount shows it, with the node each entry comes from."""
-        ns_path, asking = self._ask(path, from_node)
-        return self._run(self._listing, asking, ns_path)
+        return self._files.ls(path, from_node)
 
     def read_bytes(self, path: PathLike, *, start: int = 0, end: int | None = None,
                    from_node: str | Node | None = None) -> bytes:
         """The file's bytes [start, end) read from its nearest holder (directly, no mount needed)."""
-        ns_path, asking = self._ask(path, from_node)
-
-        async def main(conns: _Connections) -> bytes:
-            found = await self._where(conns, asking, ns_path)
-            holder = _readable_holder(found)
-            return await self._read(conns, holder.node, ns_path, start, end)
-
-        return self._run(main)
+        return self._files.read_bytes(path, start=start, end=end, from_node=from_node)
 
     def read_range(self, path: PathLike, start: int, end: int | None, *, holder: str | Node) -> bytes:
         """Bytes [start, end) of `path` read from node `holder` itself, without a lookup.
@@ -363,15 +224,7 @@ class Cluster:
         mount does (close-to-open; the fsspec backend): every range then comes
         from the same copy. FileNotFoundError if `holder` no longer has it.
         """
-        ns_path, node = self._ask(path, holder)
-
-        async def main(conns: _Connections) -> bytes:
-            return await self._read(conns, node, ns_path, start, end)
-
-        try:
-            return self._run(main)
-        except FileNotFoundError:
-            raise FileNotFoundError(errno.ENOENT, f"{ns_path} is gone from node {node}", ns_path) from None
+        return self._files.read_range(path, start, end, holder=holder)
 
     # -- stage -------------------------------------------------------------------
 
@@ -385,61 +238,7 @@ class Cluster:
         (None: only when 64 MiB or more are to be staged). Raises StageError,
         carrying the report, if any file failed.
         """
-        target = self._node_name(to)
-        if concurrency < 1:
-            raise ValueError(f"`concurrency` must be at least 1, got {concurrency}")
-        ns_paths = [self._ask(p, None)[0] for p in _as_list(paths)]
-
-        async def main(conns: _Connections) -> StageReport:
-            files, missing = await self._expand(conns, target, ns_paths)
-            failures = [StageFailure(p, "no node holds it") for p in missing]
-            staged: list[StagedFile] = []
-            total = sum(size for _, size in files)
-            show = progress if progress is not None else total >= _PROGRESS_FROM_BYTES
-            bar = _StageProgress(target, len(files), total) if show and files else None
-            limiter = trio.CapacityLimiter(concurrency)
-            fatal: list[BaseException] = []
-
-            async def one(path: str, size: int, scope: trio.CancelScope) -> None:
-                async with limiter:
-                    try:
-                        reply = await conns.ask(target, msg.Stage(path), timeout=60.0 + size / 20e6)
-                    except PeerUnavailable as exc:
-                        fatal.append(GmountError(f"cannot stage to node {target}: {exc.strerror or exc}; "
-                                                 "check it with `gmount status`"))
-                        scope.cancel()
-                        return
-                    except OSError as exc:
-                        if exc.errno == errno.ENOSYS:
-                            fatal.append(GmountError(f"node {target} cannot stage files: its daemon has no "
-                                                     "'stage' operation (restart the cluster with this gmountpy)"))
-                            scope.cancel()
-                            return
-                        failures.append(StageFailure(path, exc.strerror or str(exc)))
-                    else:
-                        staged.append(StagedFile(path, reply["status"], reply["source"], int(reply["size"]),
-                                                 reply.get("sha256"), float(reply["seconds"])))
-                    if bar is not None:
-                        bar.advance(size)
-
-            try:
-                async with open_nursery() as nursery:
-                    for path, size in files:
-                        nursery.start_soon(one, path, size, nursery.cancel_scope)
-            finally:
-                if bar is not None:
-                    bar.close()
-            if fatal:
-                raise fatal[0]
-            order = {p: i for i, (p, _) in enumerate(files)}
-            report = StageReport(target, tuple(sorted(staged, key=lambda f: order[f.path])),
-                                 tuple(sorted(failures, key=lambda f: f.path)))
-            return report
-
-        report = self._run(main)
-        if report.failures:
-            raise StageError(report)
-        return report
+        return self._staging.stage(paths, to, concurrency=concurrency, progress=progress)
 
     # -- place and run -------------------------------------------------------------
 
@@ -449,25 +248,7 @@ class Cluster:
         Slots in use are the jobs this process started with `run` that are
         still running; jobs started elsewhere are not counted.
         """
-        ns_paths = [self._ask(p, None)[0] for p in _as_list(inputs)]
-
-        async def main(conns: _Connections) -> tuple[list[FileLocations], list[str]]:
-            return await self._expand_holders(conns, self.home, ns_paths)
-
-        located, missing = self._run(main)
-        holdings: dict[str, dict[str, int]] = {p: {} for p in missing}
-        for found in located:
-            held = holdings.setdefault(found.path, {})
-            for holder in found.holders:
-                held[holder.node] = max(held.get(holder.node, 0), holder.size)
-        spec = self._state.spec
-        running = _running(self.name)
-        slots = {name: node.slots for name, node in spec.nodes.items()}
-        decision = choose_node(holdings, list(spec.nodes), slots=slots, running=running, rtt=self.overlay.rtt)
-        rows = tuple(PlacementRow(name, spec.nodes[name].site, decision.scores[name], name in decision.candidates,
-                                  running.get(name, 0), slots[name], decision.remote_cost[name])
-                     for name in spec.nodes)
-        return Placement(decision.node, decision.reason, tuple(holdings), rows, decision.unlocated)
+        return self._placer.place(inputs)
 
     def run(self, command: str | Sequence[str], *, on: str | Node | None = None,
             near: PathLike | Iterable[PathLike] | None = None, timeout: float | None = None,
@@ -481,20 +262,7 @@ class Cluster:
         With `capture=False` output goes to this process's stdout/stderr.
         A non-zero exit is returned, not raised (use `.check()`).
         """
-        if on is not None and near is not None:
-            raise ValueError("give `on` or `near`, not both")
-        if timeout is not None and timeout <= 0:
-            raise ValueError(f"`timeout` must be positive, got {timeout}")
-        text = command if isinstance(command, str) else shlex.join(command)
-        if not text.strip():
-            raise ValueError("`command` must not be empty")
-        node = self._node_name(on) if on is not None else self.place(near if near is not None else []).node
-        directory = self._ask(cwd, None)[0]
-        with _Job(self.name, node):
-            if self._is_ssh(node):
-                over_ssh: RunResult = blocking(asyncio.run, self._run_ssh(node, text, directory, timeout, capture))
-                return over_ssh
-            return self._run_local(node, text, directory, timeout, capture)
+        return self._execution.run(command, on=on, near=near, timeout=timeout, cwd=cwd, capture=capture)
 
     def spawn(self, command: str, *, on: str | Node, cwd: PathLike = "/", env: Mapping[str, str] | None = None,
               stdout: Any = None, stderr: Any = None) -> Spawned:
@@ -505,24 +273,7 @@ class Cluster:
         of this process's environment, plus GMOUNT_NODE, GMOUNT_SITE and
         GMOUNT_CLUSTER. `stdout`/`stderr` are as for subprocess.Popen.
         """
-        from . import spawn as spawning
-
-        if not command.strip():
-            raise ValueError("`command` must not be empty")
-        node = self._node_name(on)
-        directory = self._ask(cwd, None)[0]
-        node_spec = self._state.spec.nodes[node]
-        extra = {**(env or {}), **self._command_env(node)}
-        if self._is_ssh(node):
-            where = posixpath.join(node_spec.mountpoint, directory.lstrip("/"))
-            argv = spawning.ssh_argv(node_spec, self._state.spec.ssh, command, where, extra)
-            return spawning.start(node, command, where, argv, os.environ, over_ssh=True, stdout=stdout,
-                                  stderr=stderr)
-        where = os.path.join(node_spec.mountpoint, directory.lstrip("/"))
-        if not os.path.isdir(where):
-            raise GmountError(f"cannot run on node {node}: {directory} is not a directory in its mount ({where})")
-        return spawning.start(node, command, where, spawning.local_argv(command), {**os.environ, **extra},
-                              over_ssh=False, stdout=stdout, stderr=stderr)
+        return self._execution.spawn(command, on=on, cwd=cwd, env=env, stdout=stdout, stderr=stderr)
 
     # -- write ---------------------------------------------------------------------
 
@@ -538,37 +289,24 @@ class Cluster:
         file or the whole new one. Copies of the path on other nodes are
         removed afterwards, so the new file is the only one.
         """
-        return self._put_from(path, io.BytesIO(bytes(data)), on, mode, from_node)
+        return self._files.write_from(path, io.BytesIO(bytes(data)), on, mode, from_node)
 
     def put(self, local: PathLike, path: PathLike, *, on: str | Node | None = None, mode: int | None = None,
             from_node: str | Node | None = None) -> str:
         """Copy a local file into the namespace (like `write_bytes`, streamed); the node that holds it."""
-        with open(local, "rb") as source:
-            if mode is None:
-                mode = os.fstat(source.fileno()).st_mode & 0o7777
-            return self._put_from(path, source, on, mode, from_node)
+        return self._files.put(local, path, on=on, mode=mode, from_node=from_node)
 
     def write_from(self, path: PathLike, source: IO[bytes], *, on: str | Node | None = None, mode: int = 0o644,
                    from_node: str | Node | None = None) -> str:
         """Like `write_bytes`, with the bytes read from an open binary file until its end (streamed)."""
-        return self._put_from(path, source, on, mode, from_node)
+        return self._files.write_from(path, source, on, mode, from_node)
 
     def mkdir(self, path: PathLike, *, on: str | Node | None = None, from_node: str | Node | None = None) -> str:
         """Make a directory (and missing parents) in one node's export (`on`, default the asking node).
 
         FileExistsError if the name exists on any node.
         """
-        ns_path, asking = self._ask(path, from_node)
-        target = self._node_name(on) if on is not None else asking
-
-        async def main(conns: _Connections) -> str:
-            found = await self._where(conns, asking, ns_path)
-            if found.nearest is not None:
-                raise FileExistsError(errno.EEXIST, f"{ns_path} exists (on node {found.nearest.node})")
-            await conns.ask(target, msg.Mkdir(ns_path, 0o755))
-            return target
-
-        return self._run(main)
+        return self._files.mkdir(path, on=on, from_node=from_node)
 
     def remove(self, path: PathLike, from_node: str | Node | None = None) -> tuple[str, ...]:
         """Remove a file from every node holding it, or an empty directory from every node having it.
@@ -576,39 +314,11 @@ class Cluster:
         Returns the nodes it was removed from; FileNotFoundError if none
         holds it, OSError(ENOTEMPTY) naming the node for a non-empty directory.
         """
-        ns_path, asking = self._ask(path, from_node)
-
-        async def main(conns: _Connections) -> tuple[str, ...]:
-            found = await self._where(conns, asking, ns_path)
-            if found.nearest is None:
-                raise FileNotFoundError(errno.ENOENT, f"no node holds {ns_path}")
-            is_dir = found.nearest.is_dir
-            removed = []
-            for holder in found.holders:
-                if holder.is_dir != is_dir:
-                    continue
-                try:
-                    await conns.ask(holder.node, msg.Rmdir(ns_path) if is_dir else msg.Unlink(ns_path))
-                except FileNotFoundError:
-                    continue
-                except OSError as exc:
-                    raise OSError(exc.errno, f"cannot remove {ns_path} on node {holder.node}: "
-                                             f"{exc.strerror or exc}") from None
-                removed.append(holder.node)
-            return tuple(removed)
-
-        return self._run(main)
+        return self._files.remove(path, from_node)
 
     def checksum(self, path: PathLike, from_node: str | Node | None = None) -> tuple[int, str]:
         """(size, SHA-256 hex) of a file, computed on its nearest holder (no bytes cross the network)."""
-        ns_path, asking = self._ask(path, from_node)
-
-        async def main(conns: _Connections) -> tuple[int, str]:
-            holder = _readable_holder(await self._where(conns, asking, ns_path))
-            reply = await conns.ask(holder.node, msg.Checksum(ns_path), timeout=60.0 + holder.size / 50e6)
-            return reply.size, reply.sha256
-
-        return self._run(main)
+        return self._files.checksum(path, from_node)
 
     def get(self, path: PathLike, local: PathLike, from_node: str | Node | None = None) -> tuple[int, str]:
         """Copy a file from its nearest holder to a local file, verified; returns (size, SHA-256 hex).
@@ -617,363 +327,7 @@ class Cluster:
         the holder's own size and SHA-256, and renamed into place; a file
         that changed while it was copied raises OSError(EAGAIN).
         """
-        ns_path, asking = self._ask(path, from_node)
-        target = os.fspath(local)
-        temporary = f"{target}.gmount-get-{os.getpid()}-{threading.get_ident()}"
-
-        async def main(conns: _Connections) -> tuple[int, str]:
-            holder = _readable_holder(await self._where(conns, asking, ns_path))
-            opened = await conns.ask(holder.node, msg.Open(ns_path, os.O_RDONLY))
-            digest = hashlib.sha256()
-            size = 0
-            try:
-                with open(temporary, "wb") as out:
-                    while piece := await conns.ask(holder.node, msg.Read(opened.handle, size, _READ_PIECE),
-                                                   timeout=60.0):
-                        out.write(piece)
-                        digest.update(piece)
-                        size += len(piece)
-            finally:
-                with trio.CancelScope(shield=True):
-                    try:
-                        await conns.ask(holder.node, msg.Close(opened.handle))
-                    except OSError:
-                        pass
-            source = await conns.ask(holder.node, msg.Checksum(ns_path), timeout=60.0 + size / 50e6)
-            if (source.size, source.sha256) != (size, digest.hexdigest()):
-                raise OSError(errno.EAGAIN, f"{ns_path} changed on node {holder.node} while it was copied "
-                                            f"({size} bytes read, {source.size} there now); copy it again")
-            os.utime(temporary, ns=(opened.attr.atime_ns, opened.attr.mtime_ns))
-            return size, digest.hexdigest()
-
-        try:
-            result = self._run(main)
-        except BaseException:
-            try:
-                os.unlink(temporary)
-            except OSError:
-                pass
-            raise
-        os.replace(temporary, target)
-        return result
-
-    def _put_from(self, path: PathLike, source: IO[bytes], on: str | Node | None, mode: int,
-                  from_node: str | Node | None) -> str:
-        ns_path, asking = self._ask(path, from_node)
-        if ns_path == "/":
-            raise IsADirectoryError(errno.EISDIR, "/ is the namespace root, not a file")
-        chosen = self._node_name(on) if on is not None else None
-
-        async def main(conns: _Connections) -> str:
-            found = await self._where(conns, asking, ns_path)
-            if found.nearest is not None and found.nearest.is_dir:
-                raise IsADirectoryError(errno.EISDIR, f"{ns_path} is a directory (on node {found.nearest.node})")
-            originals = [h.node for h in found.holders if h.replica_of is None]
-            target = chosen or (originals[0] if originals else asking)
-            try:
-                handle = await conns.ask(target, msg.PutOpen(ns_path, mode & 0o7777))
-            except OSError as exc:
-                if exc.errno == errno.ENOSYS:
-                    raise GmountError(f"node {target} cannot take writes from outside its mount: its daemon "
-                                      "has no 'put' operation (restart the cluster with this gmountpy)") from None
-                raise
-            digest = hashlib.sha256()
-            size = 0
-            try:
-                in_flight = trio.Semaphore(_READS_IN_FLIGHT)
-
-                async def send(offset: int, piece: bytes) -> None:
-                    try:
-                        await conns.ask(target, msg.Write(handle, offset, piece), timeout=60.0)
-                    finally:
-                        in_flight.release()
-
-                async with open_nursery() as nursery:
-                    while piece := source.read(_READ_PIECE):
-                        digest.update(piece)
-                        await in_flight.acquire()
-                        nursery.start_soon(send, size, piece)
-                        size += len(piece)
-                await conns.ask(target, msg.PutClose(handle, size, digest.hexdigest()), timeout=60.0 + size / 20e6)
-            except BaseException:
-                with trio.CancelScope(shield=True):
-                    try:
-                        await conns.ask(target, msg.PutAbort(handle))
-                    except OSError:
-                        pass  # the handle's temporary file goes with the connection anyway
-                raise
-            for holder in found.holders:  # the new file is the only one of that name
-                if holder.node != target and not holder.is_dir:
-                    try:
-                        await conns.ask(holder.node, msg.Unlink(ns_path))
-                    except FileNotFoundError:
-                        pass
-            return target
-
-        return self._run(main)
-
-    # -- internals: paths and nodes --------------------------------------------------
-
-    def _node_name(self, node: str | Node) -> str:
-        name = node.name if isinstance(node, Node) else node
-        if name not in self._state.spec.nodes:
-            raise GmountError(f"unknown node {name!r} in cluster {self.name!r} "
-                              f"(nodes: {', '.join(self._state.spec.nodes)})")
-        return name
-
-    def _ask(self, path: PathLike, from_node: str | Node | None) -> tuple[str, str]:
-        """(namespace path, node to ask from) for a path given by the user."""
-        text = os.fspath(path)
-        if not text:
-            raise ValueError("empty path: give a namespace path like /data/a.csv or a path inside a mount")
-        mount_node: str | None = None
-        absolute = text if os.path.isabs(text) else None
-        if absolute is None and self._state.node_for_path(os.getcwd()) is not None:
-            absolute = os.path.join(os.getcwd(), text)
-        ns_path = _normalize(text)
-        if absolute is not None:
-            found = self._state.node_for_path(absolute)
-            if found is not None:
-                mount_node, ns_path = found[0].name, _normalize(found[1])
-        if from_node is not None:
-            return ns_path, self._node_name(from_node)
-        return ns_path, mount_node or self.home
-
-    def _is_ssh(self, node: str) -> bool:
-        record = self._state.nodes.get(node)
-        return self._state.spec.launcher == "ssh" or (record is not None and record.ssh is not None)
-
-    def _run(self, func: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """Run `func(connections, *args)` in one trio run, from any thread."""
-        state = state_store.load(self.name)
-        if state is None:
-            raise GmountError(f"cluster {self.name!r} is no longer running: start it with `gmount up`")
-        self._state = state  # a restarted cluster has new ports
-        secret = load_secret(state.name)
-
-        async def main() -> T:
-            async with open_nursery() as nursery:
-                conns = _Connections(state, secret, nursery)
-                try:
-                    return await func(conns, *args)
-                finally:
-                    with trio.CancelScope(shield=True):
-                        await conns.aclose()
-                    nursery.cancel_scope.cancel()
-
-        try:
-            result: T = blocking(trio.run, main)
-            return result
-        except BaseExceptionGroup as group:  # several concurrent requests failed: the first says why
-            raise _first_leaf(group) from None
-
-    # -- internals: async operations -------------------------------------------------
-
-    async def _where(self, conns: _Connections, asking: str, path: str) -> FileLocations:
-        rows = await conns.ask(asking, msg.Where(path))
-        return FileLocations(path, asking, tuple(Holder.from_wire(r) for r in rows))
-
-    async def _listing(self, conns: _Connections, asking: str, path: str) -> Listing:
-        """The asking node merges the listing exactly as its mount does (daemon op `ls`)."""
-        try:
-            reply = await conns.ask(asking, msg.Ls(path))
-        except (FileNotFoundError, NotADirectoryError):
-            found = await self._where(conns, asking, path)
-            if found.nearest is None:
-                raise FileNotFoundError(errno.ENOENT, f"no node holds {path}") from None
-            h = found.nearest
-            entry = Entry(posixpath.basename(path), path, _kind(h.mode), h.size, h.mtime_ns, h.node, found.nodes)
-            return Listing(path, asking, (entry,), ())
-        entries = []
-        for e in sorted(reply.entries, key=lambda e: e.name):
-            entries.append(Entry(e.name, posixpath.join(path, e.name), _kind(e.attr.mode), e.attr.size,
-                                 e.attr.mtime_ns, e.node, e.holders))
-        return Listing(path, asking, tuple(entries), reply.unreachable)
-
-    async def _expand_holders(self, conns: _Connections, asking: str,
-                              paths: list[str]) -> tuple[list[FileLocations], list[str]]:
-        """Files named by `paths` with their holders, directories replaced by the files below them.
-
-        Files come back in the order given (directories: sorted by path), several lookups in flight.
-        """
-        found: dict[str, FileLocations] = {}
-        missing: list[str] = []
-        seen: set[str] = set()
-        limiter = trio.CapacityLimiter(_LOOKUPS_IN_FLIGHT)
-
-        async def visit(path: str, nursery: trio.Nursery) -> None:
-            if path in seen:
-                return
-            seen.add(path)
-            async with limiter:
-                where = await self._where(conns, asking, path)
-            found[path] = where
-            if where.nearest is None:
-                missing.append(path)
-            elif where.nearest.is_dir:
-                async with limiter:
-                    listing = await self._listing(conns, asking, path)
-                for entry in listing.entries:
-                    if entry.kind in ("file", "directory"):
-                        nursery.start_soon(visit, entry.path, nursery)
-
-        async with open_nursery() as nursery:
-            for path in dict.fromkeys(paths):
-                nursery.start_soon(visit, path, nursery)
-        files: list[FileLocations] = []
-        taken: set[str] = set()
-        ordered = sorted(found)
-        for path in paths:  # given order; what a directory expanded to, sorted, in its place
-            prefix = path.rstrip("/") + "/"
-            for p in ordered:
-                item = found[p]
-                if (p == path or p.startswith(prefix)) and p not in taken and item.nearest is not None \
-                        and not item.nearest.is_dir:
-                    taken.add(p)
-                    files.append(item)
-        return files, sorted(missing)
-
-    async def _expand(self, conns: _Connections, asking: str,
-                      paths: list[str]) -> tuple[list[tuple[str, int]], list[str]]:
-        found, missing = await self._expand_holders(conns, asking, paths)
-        return [(f.path, f.nearest.size) for f in found if f.nearest is not None], missing
-
-    async def _read(self, conns: _Connections, node: str, path: str, start: int, end: int | None) -> bytes:
-        """Bytes [start, end) of `path` from `node`, several 4 MiB reads in flight."""
-        if start < 0 or (end is not None and end < start):
-            raise ValueError(f"bad byte range [{start}, {end})")
-        opened = await conns.ask(node, msg.Open(path, os.O_RDONLY))
-        handle = opened.handle
-        try:
-            size = opened.attr.size
-            stop = size if end is None else min(end, size)
-            offsets = list(range(start, stop, _READ_PIECE))
-            pieces: dict[int, bytes] = {}
-            limiter = trio.CapacityLimiter(_READS_IN_FLIGHT)
-
-            async def piece(offset: int) -> None:
-                async with limiter:
-                    pieces[offset] = await conns.ask(node, msg.Read(handle, offset, min(_READ_PIECE, stop - offset)),
-                                                     timeout=60.0)
-
-            async with open_nursery() as nursery:
-                for offset in offsets:
-                    nursery.start_soon(piece, offset)
-            return b"".join(pieces[o] for o in offsets)
-        finally:
-            with trio.CancelScope(shield=True):
-                try:
-                    await conns.ask(node, msg.Close(handle))
-                except OSError:
-                    pass  # the handle dies with the connection anyway
-
-    # -- internals: running commands ----------------------------------------------------
-
-    def _command_env(self, node: str) -> dict[str, str]:
-        return {"GMOUNT_NODE": node, "GMOUNT_SITE": self._state.spec.nodes[node].site,
-                "GMOUNT_CLUSTER": self.name}
-
-    def _run_local(self, node: str, command: str, directory: str, timeout: float | None,
-                   capture: bool) -> RunResult:
-        mountpoint = self._state.spec.nodes[node].mountpoint
-        cwd = os.path.join(mountpoint, directory.lstrip("/"))
-        if not os.path.isdir(cwd):
-            raise GmountError(f"cannot run on node {node}: {directory} is not a directory in its mount ({cwd})")
-        started = time.monotonic()
-        pipe = subprocess.PIPE if capture else None
-        process = subprocess.Popen(command, shell=True, cwd=cwd, env={**os.environ, **self._command_env(node)},
-                                   stdin=subprocess.DEVNULL if capture else None, stdout=pipe, stderr=pipe,
-                                   start_new_session=capture)
-        try:
-            out, err = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill(process, group=capture)
-            out, err = process.communicate()
-            raise CommandTimeout(node, command, timeout or 0, _text(out), _text(err)) from None
-        except BaseException:
-            _kill(process, group=capture)
-            process.wait()
-            raise
-        code = process.returncode
-        return RunResult(node, command, cwd, 128 - code if code < 0 else code, _text(out), _text(err),
-                         time.monotonic() - started)
-
-    async def _run_ssh(self, node: str, command: str, directory: str, timeout: float | None,
-                       capture: bool) -> RunResult:
-        import asyncssh
-
-        # Reach the node exactly as the launcher does (user@host, port, keys, known_hosts, ssh config).
-        from .launch.ssh import _connect_options, _connect_problem, destination
-
-        spec = self._state.spec
-        node_spec = spec.nodes[node]
-        dest = destination(node_spec)
-        cwd = posixpath.join(node_spec.mountpoint, directory.lstrip("/"))
-        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in self._command_env(node).items())
-        inner = f"cd {shlex.quote(cwd)} && {exports} exec /bin/sh -c {shlex.quote(command)}"
-        remote = f"exec /bin/sh -c {shlex.quote(inner)}"  # any login shell, even csh, can exec sh
-        started = time.monotonic()
-        try:
-            async with asyncssh.connect(dest.hostname, **_connect_options(spec.ssh, dest)) as conn:
-                streams: dict[str, Any] = {} if capture else {"stdout": sys.stdout, "stderr": sys.stderr}
-                result = await conn.run(remote, check=False, timeout=timeout, **streams)
-        except asyncssh.TimeoutError as exc:
-            raise CommandTimeout(node, command, timeout or 0, _text(exc.stdout), _text(exc.stderr)) from None
-        except (OSError, asyncssh.Error) as exc:
-            raise GmountError(f"cannot run on node {node}: {_connect_problem(exc, dest, spec.ssh)}") from None
-        if result.exit_status is not None:
-            code = result.exit_status
-        else:
-            signame = result.exit_signal[0] if result.exit_signal else ""
-            number = getattr(signal, f"SIG{signame}", None)
-            code = 128 + int(number) if number is not None else 255
-        return RunResult(node, command, cwd, code, _text(result.stdout), _text(result.stderr),
-                         time.monotonic() - started)
-
-
-class _StageProgress:
-    """A rich progress bar by bytes, with the file count in its description."""
-
-    def __init__(self, target: str, files: int, total: int) -> None:
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-            TransferSpeedColumn,
-        )
-        self._files = files
-        self._done = 0
-        self._target = target
-        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
-                                  TransferSpeedColumn(), TimeRemainingColumn())
-        self._task = self._progress.add_task(self._describe(), total=total)
-        self._progress.start()
-
-    def _describe(self) -> str:
-        return f"staging to {self._target}: {self._done}/{self._files} files"
-
-    def advance(self, size: int) -> None:
-        self._done += 1
-        self._progress.update(self._task, advance=size, description=self._describe())
-
-    def close(self) -> None:
-        self._progress.stop()
-
-
-def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    first = group.exceptions[0]
-    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
-
-
-def _readable_holder(found: FileLocations) -> Holder:
-    holder = found.nearest
-    if holder is None:
-        raise FileNotFoundError(errno.ENOENT, f"no node holds {found.path}")
-    if holder.is_dir:
-        raise IsADirectoryError(errno.EISDIR, f"{found.path} is a directory (on node {holder.node})")
-    return holder
+        return self._files.get(path, local, from_node)
 
 
 def _all_alive(state: ClusterState) -> bool:
@@ -984,19 +338,3 @@ def _all_alive(state: ClusterState) -> bool:
     from .client import ping_all
     answers = blocking(trio.run, ping_all, state)
     return all(isinstance(a, dict) and a.get("pid") == state.nodes[n].pid for n, a in answers.items())
-
-
-def _kill(process: subprocess.Popen[bytes], group: bool) -> None:
-    try:
-        if group:
-            os.killpg(process.pid, signal.SIGKILL)
-        else:
-            process.kill()
-    except ProcessLookupError:
-        pass
-
-
-def _text(data: bytes | str | None) -> str:
-    if data is None:
-        return ""
-    return data if isinstance(data, str) else data.decode(errors="replace")

@@ -1,31 +1,167 @@
-"""Talking to running daemons from outside the mount (CLI, library, tests).
+"""The one RPC client: how anything talks to a cluster's daemons.
 
-A short-lived trio run per call keeps this usable from plain synchronous
-code; it authenticates with the cluster secret like any peer.
+`ClusterClient` keeps one authenticated connection per node (the cluster
+secret, and TLS when the cluster uses it), opened on first use and shared by
+every request after it, and turns "the node did not answer" into an error
+that names the node, its address and what to do. The library API, the CLI,
+the fsspec backend and the launcher open one with `open_client(state)`; a
+daemon's `PeerPool` is one too, with its own policy (peers marked down,
+message counters) on top.
+
+`call`/`ask` and `run_sync` are the short forms for one request from
+synchronous code (a short-lived trio run per call).
 """
 
 from __future__ import annotations
 
 import errno
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import trio
 
 from . import rpc
 from ._trio import open_nursery
-from .errors import PeerUnavailable
+from .errors import NodeUnavailable, PeerUnavailable
 from .messages import Ping, PingReply, R, Request
 from .state import ClusterState, load_secret, load_tls
 from .tls import client_context
 
+__all__ = ["ClusterClient", "ask", "call", "client_ssl", "open_client", "ping_all", "run_sync"]
+
 T = TypeVar("T")
 
+#: (host, port) a node's daemon listens on.
+Address = tuple[str, int]
 
-def run_sync(func: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """Run a trio coroutine function to completion from synchronous code."""
-    return trio.run(func, *args)
+
+class ClusterClient:
+    """Authenticated connections to a cluster's daemons, one per node, opened lazily and shared.
+
+    Requests to one node share its connection (the daemon serves many in
+    flight on it); a connection that broke is opened again on the next
+    request. With `advice` set, an unreachable node raises NodeUnavailable
+    (also a GmountError), its message naming the node, its address and the
+    advice; without, the PeerUnavailable of the RPC layer as it is.
+    Subclasses add policy through `_check` (before a request) and `_failed`
+    (after a node did not answer).
+    """
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        secret: bytes,
+        *,
+        name: str,
+        addresses: Mapping[str, Address] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        cluster: str = "",
+        rpc_timeout: float = 10.0,
+        connect_timeout: float = 3.0,
+        advice: str | None = None,
+    ) -> None:
+        self.name = name
+        self.cluster = cluster
+        self.rpc_timeout = rpc_timeout
+        self.connect_timeout = connect_timeout
+        self._nursery = nursery
+        self._secret = secret
+        self._ssl_context = ssl_context
+        self._advice = advice
+        self._addresses: dict[str, Address] = dict(addresses or {})
+        self._connections: dict[str, rpc.RpcClient] = {}
+        self._locks: dict[str, trio.Lock] = {}
+
+    # -- the address table -----------------------------------------------------
+
+    @property
+    def nodes(self) -> list[str]:
+        """The nodes this client can reach, in the order they were given."""
+        return list(self._addresses)
+
+    def set_address(self, node: str, address: Address) -> bool:
+        """Record where `node` listens; a connection to its old address is closed. True if it moved."""
+        if self._addresses.get(node) == tuple(address):
+            return False
+        self._addresses[node] = (address[0], address[1])
+        old = self._connections.pop(node, None)
+        if old is not None:
+            self._nursery.start_soon(old.aclose)
+        return True
+
+    def address(self, node: str) -> Address:
+        found = self._addresses.get(node)
+        if found is None:
+            raise self._unknown(node)
+        return found
+
+    # -- requests ----------------------------------------------------------------
+
+    async def call(self, node: str, op: str, *args: Any, timeout: float | None = None) -> Any:
+        """Run `op` on `node`; its errors come back as OSError, an unreachable node as PeerUnavailable."""
+        connection = await self.connection(node)
+        try:
+            return await connection.call(op, *args, timeout=timeout or self.rpc_timeout)
+        except PeerUnavailable as exc:
+            self._failed(node, exc)
+            raise self._translate(node, exc) from None
+
+    async def ask(self, node: str, request: Request[R], *, timeout: float | None = None) -> R:
+        """`call` with a typed request (gmountpy.messages): the reply comes back checked and typed."""
+        return request.decode(await self.call(node, request.op, *request.args(), timeout=timeout))
+
+    async def connection(self, node: str) -> rpc.RpcClient:
+        """The open connection to `node`, made now if there is none (one connect at a time per node)."""
+        connection = self._connections.get(node)
+        if connection is not None and not connection.closed:
+            return connection
+        self._check(node)
+        async with self._locks.setdefault(node, trio.Lock()):  # the others wait for its result
+            connection = self._connections.get(node)
+            if connection is not None and not connection.closed:
+                return connection
+            self._check(node)
+            host, port = self.address(node)
+            try:
+                connection = await rpc.connect(self._nursery, host, port, secret=self._secret, name=self.name,
+                                               peer=node, timeout=self.connect_timeout,
+                                               ssl_context=self._ssl_context)
+            except PeerUnavailable as exc:
+                self._failed(node, exc)
+                raise self._translate(node, exc) from None
+            self._connections[node] = connection
+            self._connected(node)
+            return connection
+
+    async def aclose(self) -> None:
+        connections, self._connections = list(self._connections.values()), {}
+        for connection in connections:
+            await connection.aclose()
+
+    # -- policy hooks and errors ----------------------------------------------------
+
+    def _check(self, node: str) -> None:
+        """Raise PeerUnavailable to refuse a request to `node` before trying it (no policy here)."""
+
+    def _failed(self, node: str, exc: PeerUnavailable) -> None:
+        """`node` could not be reached or did not answer (no policy here)."""
+
+    def _connected(self, node: str) -> None:
+        """A new connection to `node` is up (no policy here)."""
+
+    def _unknown(self, node: str) -> PeerUnavailable:
+        where = f"cluster {self.cluster!r}" if self.cluster else "this client's address table"
+        return PeerUnavailable(node, f"not a node of {where}", errno.ENOENT)
+
+    def _translate(self, node: str, exc: PeerUnavailable) -> PeerUnavailable:
+        if self._advice is None:
+            return exc
+        host, port = self.address(node)
+        reason = exc.reason if f"{host}:{port}" in exc.reason else f"{exc.reason} (its daemon at {host}:{port})"
+        advice = f"; {self._advice}" if self._advice else ""
+        return NodeUnavailable(node, reason + advice, exc.errno or errno.EHOSTDOWN)
 
 
 def client_ssl(state: ClusterState) -> ssl.SSLContext | None:
@@ -36,19 +172,45 @@ def client_ssl(state: ClusterState) -> ssl.SSLContext | None:
     return client_context(ca_pem)
 
 
-async def call(state: ClusterState, node: str, op: str, *args: Any, timeout: float = 10.0,
-               secret: bytes | None = None) -> Any:
-    record = state.nodes.get(node)
-    if record is None:
-        raise PeerUnavailable(node, f"not a node of cluster {state.name!r}", errno.ENOENT)
+def status_advice(state: ClusterState) -> str:
+    """What to do about a node that does not answer, for people outside the cluster."""
+    source = state.spec.source or "CLUSTER.toml"
+    return (f"is its daemon running? `gmount status {source}` shows every node of cluster {state.name!r}, "
+            f"`gmount up {source}` restarts the ones that stopped")
+
+
+@asynccontextmanager
+async def open_client(state: ClusterState, *, name: str = "gmount-client", secret: bytes | None = None,
+                      rpc_timeout: float = 10.0, connect_timeout: float = 3.0,
+                      advise: bool = True) -> AsyncIterator[ClusterClient]:
+    """A ClusterClient for a running cluster, its connections closed on exit.
+
+    `advise=False` leaves the advice out of errors (for `gmount status` itself).
+    """
     key = secret if secret is not None else load_secret(state.name)
     async with open_nursery() as nursery:
-        client = await rpc.connect(nursery, record.host, record.port, secret=key, name="gmount-cli",
-                                   peer=node, timeout=min(timeout, 3.0), ssl_context=client_ssl(state))
+        client = ClusterClient(nursery, key, name=name, cluster=state.name, ssl_context=client_ssl(state),
+                               addresses={n: (r.host, r.port) for n, r in state.nodes.items()},
+                               rpc_timeout=rpc_timeout, connect_timeout=connect_timeout,
+                               advice=status_advice(state) if advise else "")
         try:
-            return await client.call(op, *args, timeout=timeout)
+            yield client
         finally:
-            await client.aclose()
+            with trio.CancelScope(shield=True):
+                await client.aclose()
+            nursery.cancel_scope.cancel()  # the connections' readers
+
+
+def run_sync(func: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """Run a trio coroutine function to completion from synchronous code."""
+    return trio.run(func, *args)
+
+
+async def call(state: ClusterState, node: str, op: str, *args: Any, timeout: float = 10.0,
+               secret: bytes | None = None) -> Any:
+    """One request to one node, on a connection of its own."""
+    async with open_client(state, name="gmount-cli", secret=secret) as client:
+        return await client.call(node, op, *args, timeout=timeout)
 
 
 async def ask(state: ClusterState, node: str, request: Request[R], *, timeout: float = 10.0,
@@ -59,16 +221,16 @@ async def ask(state: ClusterState, node: str, request: Request[R], *, timeout: f
 
 async def ping_all(state: ClusterState, timeout: float = 3.0) -> dict[str, PingReply | str]:
     """Each node's ping answer, or a one-line reason why it did not answer."""
-    secret = load_secret(state.name)
     answers: dict[str, PingReply | str] = {}
+    async with open_client(state, name="gmount-cli", advise=False) as client:
 
-    async def ping(node: str) -> None:
-        try:
-            answers[node] = await ask(state, node, Ping(), timeout=timeout, secret=secret)
-        except OSError as exc:
-            answers[node] = str(exc)
+        async def ping(node: str) -> None:
+            try:
+                answers[node] = await client.ask(node, Ping(), timeout=timeout)
+            except OSError as exc:
+                answers[node] = str(exc)
 
-    async with open_nursery() as nursery:
-        for node in state.nodes:
-            nursery.start_soon(ping, node)
+        async with open_nursery() as nursery:
+            for node in state.nodes:
+                nursery.start_soon(ping, node)
     return {node: answers[node] for node in state.nodes}

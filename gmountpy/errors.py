@@ -26,5 +26,14 @@ class PeerUnavailable(OSError):
         self.reason = reason
 
 
+class NodeUnavailable(PeerUnavailable, GmountError):
+    """A daemon that did not answer a client outside the cluster (the library, the CLI).
+
+    Its message names the node, its address and what to do; it is both a
+    PeerUnavailable (an OSError with an errno) and a GmountError (printed
+    plainly by the CLI).
+    """
+
+
 class AuthenticationFailed(GmountError):
     """The peer did not prove knowledge of the cluster secret."""

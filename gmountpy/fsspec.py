@@ -3,7 +3,8 @@
 URLs name the cluster in the host part and a namespace path after it::
 
     gmount://demo/data/a.csv             cluster "demo", path /data/a.csv
-    gmount:///data/a.csv                 the one running cluster (or the `cluster=` option)
+    gmount:///data/a.csv                 the `cluster=` option, else the cluster whose mount holds
+                                         the working directory, else the only running cluster
 
 so ``pandas.read_csv("gmount://demo/data/a.csv")`` works from any process of
 the user who started the cluster (the cluster's secret is read from the
@@ -44,7 +45,6 @@ from typing import Any
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 from fsspec.utils import stringify_path
 
-from . import state as state_store
 from .api import Cluster, Entry, FileLocations
 from .errors import GmountError
 
@@ -54,16 +54,7 @@ PROTOCOL = "gmount"
 
 
 def _open_cluster(cluster: Cluster | str | None) -> Cluster:
-    if isinstance(cluster, Cluster):
-        return cluster
-    if cluster:
-        return Cluster.open(cluster)
-    running = state_store.all_states()
-    if len(running) == 1:
-        return Cluster(running[0])
-    names = ", ".join(s.name for s in running) or "none"
-    raise GmountError(f"say which cluster: gmount://CLUSTER/path or the `cluster=` storage option "
-                      f"(running clusters: {names})")
+    return cluster if isinstance(cluster, Cluster) else Cluster.open(cluster or None)
 
 
 class GmountFileSystem(AbstractFileSystem):

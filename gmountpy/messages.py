@@ -2,7 +2,7 @@
 
 A request here is a frozen dataclass whose fields are the operation's
 arguments in wire order; its `decode` checks a reply and gives it a type.
-Callers use `PeerPool.ask`, `client.ask` or the API's connections:
+Callers use `ask` of gmountpy.client.ClusterClient (a daemon's PeerPool is one):
 
     reply = await peers.ask(node, Open(path, os.O_RDONLY))
     reply.handle, reply.attr

@@ -20,7 +20,6 @@ from collections.abc import Iterable
 
 from . import state as state_store
 from .api import Cluster, PathLike
-from .errors import GmountError
 
 __all__ = ["nodelist", "slurm_extra"]
 
@@ -30,16 +29,8 @@ def _cluster(cluster: Cluster | str | None, inputs: list[str]) -> Cluster:
     only running cluster."""
     if isinstance(cluster, Cluster):
         return cluster
-    if cluster:
-        return Cluster.open(cluster)
-    for path in [*inputs, os.getcwd()]:
-        if state_store.find_by_path(os.path.abspath(path)) is not None:
-            return Cluster.open(os.path.abspath(path))
-    running = state_store.all_states()
-    if len(running) == 1:
-        return Cluster.open(running[0].name)
-    raise GmountError(f"say which gmount cluster (running: {', '.join(s.name for s in running) or 'none'}): "
-                      "slurm_extra(input, cluster='NAME')")
+    found = state_store.resolve(cluster or None, paths=[*inputs, os.getcwd()])
+    return Cluster(found.state, home=found.node)
 
 
 def nodelist(inputs: PathLike | Iterable[PathLike], *, cluster: Cluster | str | None = None) -> str:

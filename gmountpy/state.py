@@ -4,16 +4,22 @@
 login, so `up` writes one JSON file per cluster (nodes, addresses, pids).
 The cluster secret lives in a separate file beside it, mode 0600, so the
 state file itself never holds it.
+
+`resolve` is the one way from what a user types (a cluster's name, its
+cluster file, a path inside a mount, a `gmount://` URL, or nothing) to a
+running cluster; the API, the CLI, fsspec and the plugins all go through it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import posixpath
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .config import ClusterSpec
+from .config import ClusterSpec, load_spec
 from .errors import GmountError
 
 
@@ -162,10 +168,96 @@ def all_states() -> list[ClusterState]:
     return states
 
 
-def find_by_path(path: str) -> tuple[ClusterState, NodeRecord, str] | None:
-    """Which running cluster and node a path inside a mount belongs to."""
+# --------------------------------------------------------------------------- which cluster a user means
+
+URL_PREFIX = "gmount://"
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A running cluster as a user named it.
+
+    `node` is the node whose mount the given path is in (None when the name
+    did not point into a mount); `path` is the place in the namespace ("/"
+    for a cluster name or file).
+    """
+
+    state: ClusterState
+    node: str | None
+    path: str
+
+
+def find_by_path(path: str) -> Resolved | None:
+    """The running cluster, node and namespace path of a path inside a mount on this machine, or None."""
     for state in all_states():
         found = state.node_for_path(path)
         if found is not None:
-            return state, found[0], found[1]
+            return Resolved(state, found[0].name, found[1])
     return None
+
+
+def resolve(target: str | os.PathLike[str] | None = None, *, paths: Iterable[str] = ()) -> Resolved:
+    """The running cluster `target` names: the one resolver from what a user types to a cluster.
+
+    `target` may be
+    - a running cluster's name (`demo`);
+    - a path inside a node's mount on this machine (that node, and the path in the namespace);
+    - a cluster file (`cluster.toml`), whose cluster must be running;
+    - a URL `gmount://demo/data/a.csv` (cluster `demo`, path `/data/a.csv`);
+      `gmount:///data/a.csv` names no cluster: as None;
+    - None or "": the cluster whose mount holds the first of `paths` that is
+      in one (pass `os.getcwd()` among them to count the working directory),
+      else the only running cluster.
+    A GmountError says what would work when it names none.
+    """
+    text = os.fspath(target) if target is not None else ""
+    path = "/"
+    if text.startswith(URL_PREFIX):
+        host, _, rest = text[len(URL_PREFIX):].partition("/")
+        path = posixpath.normpath("/" + rest)
+        if host:
+            return Resolved(_named(host, text), None, path)
+        text = ""
+    if not text:
+        for candidate in paths:
+            found = find_by_path(os.path.abspath(candidate))
+            if found is not None:
+                return found
+        running = all_states()
+        if len(running) == 1:
+            return Resolved(running[0], None, path)
+        if not running:
+            raise GmountError("no cluster is running: start one with `gmount up CLUSTER.toml`")
+        raise GmountError(f"several clusters are running ({', '.join(s.name for s in running)}): say which, by "
+                          "its name, its cluster file or a path inside its mount")
+    if "/" not in text:
+        named = load(text)
+        if named is not None:
+            return Resolved(named, None, path)
+    found = find_by_path(text)
+    if found is not None:
+        return found
+    if os.path.isfile(text):
+        return Resolved(_running_from_file(text), None, path)
+    raise GmountError(_unknown(text))
+
+
+def _named(name: str, given: str) -> ClusterState:
+    state = load(name)
+    if state is None:
+        raise GmountError(_unknown(name if name == given else f"{name} (in {given})"))
+    return state
+
+
+def _running_from_file(path: str) -> ClusterState:
+    spec = load_spec(path)
+    state = load(spec.name)
+    if state is None:
+        raise GmountError(f"cluster {spec.name!r} ({path}) is not running: start it with `gmount up {path}`")
+    return state
+
+
+def _unknown(text: str) -> str:
+    running = [s.name for s in all_states()]
+    hint = f"running clusters: {', '.join(running)}" if running else "no cluster is running"
+    return f"{text!r} is neither a running cluster's name, a cluster file, nor a path inside a mount ({hint})"

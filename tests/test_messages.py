@@ -26,7 +26,7 @@ from gmountpy import rpc
 from gmountpy import state as state_store
 from gmountpy._trio import open_nursery
 from gmountpy.client import client_ssl
-from gmountpy.node import daemon
+from gmountpy.node.control import NodeControl
 from gmountpy.node.export import Attr
 from gmountpy.node.service import HANDLE_OPS, NodeService
 from gmountpy.state import ClusterState
@@ -36,11 +36,11 @@ from .conftest import fuse_problem, local_cluster, require
 
 
 def _daemon_ops() -> set[str]:
-    """The operations node/daemon.py adds to the service (`extra`)."""
-    source = inspect.getsource(daemon)
-    literal = re.search(r"extra: dict\[str, Any\] = \{(.*?)\}", source)
-    assert literal is not None, "node/daemon.py no longer builds `extra` as this test expects: update the test"
-    return set(re.findall(r'"(\w+)":', literal.group(1))) | set(re.findall(r'extra\["(\w+)"\] =', source))
+    """The node-wide operations the daemon adds to the service (NodeControl.operations)."""
+    source = inspect.getsource(NodeControl.operations)
+    ops = set(re.findall(r'"(\w+)": self\.', source))
+    assert ops, "NodeControl.operations no longer lists its operations as this test expects: update the test"
+    return ops
 
 
 def _service_ops() -> dict[str, list[str]]:

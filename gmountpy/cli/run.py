@@ -27,10 +27,10 @@ def command(on: str | None, near: tuple[str, ...], cluster: str | None, cwd: str
     """
     if on and near:
         raise click.UsageError("give --on NODE or --near PATH, not both")
-    found = state_store.find_by_path(os.getcwd())
+    here = state_store.find_by_path(os.getcwd())
     the_cluster = open_cluster(cluster, near)
     if cwd is None:
-        cwd = found[2] if found is not None and found[0].name == the_cluster.name else "/"
+        cwd = here.path if here is not None and here.state.name == the_cluster.name else "/"
     text = command[0] if len(command) == 1 else shlex.join(command)
     try:
         result = the_cluster.run(text, on=on, near=list(near) if near else None, timeout=timeout, cwd=cwd,

@@ -7,28 +7,26 @@ from rich.table import Table
 
 from .. import state as state_store
 from ..client import ask, run_sync
-from ..config import load_spec
 from ..errors import GmountError
 from ..messages import HolderRow, Where
 from ..state import ClusterState
-from ._common import console, running_state
+from ._common import console
 
 
 def _resolve(path: str, cluster_file: str | None, node: str | None) -> tuple[ClusterState, str, str]:
     """(cluster, asking node, namespace path) for a PATH argument."""
     if cluster_file is not None:
-        state = running_state(load_spec(cluster_file).name)
+        state = state_store.resolve(cluster_file).state
         asking = node or next(iter(state.nodes))
         if asking not in state.nodes:
             raise GmountError(f"--node {asking!r} is not a node of cluster {state.name!r} "
                               f"(nodes: {', '.join(state.nodes)})")
         return state, asking, "/" + path.strip("/")
     found = state_store.find_by_path(path)
-    if found is None:
+    if found is None or found.node is None:
         raise GmountError(f"{path} is not inside the mount of any running cluster; "
                           "give a path under a node's mountpoint, or use --cluster CLUSTER.toml")
-    cluster, record, inner = found
-    return cluster, node or record.name, inner
+    return found.state, node or found.node, found.path
 
 
 @click.command("where")

@@ -21,10 +21,8 @@ from dataclasses import dataclass
 
 import trio
 
-from .. import rpc
 from .. import state as state_store
-from .._trio import open_nursery
-from ..client import client_ssl
+from ..client import ClusterClient, open_client
 from ..config import ClusterSpec, load_spec
 from ..errors import GmountError
 from ..state import ClusterState
@@ -76,24 +74,16 @@ def probe(spec: ClusterSpec, count: int = 7, progress: Callable[[str], None] | N
 
 
 async def _local_rtts(state: ClusterState, count: int) -> list[SiteRtt]:
-    secret = state_store.load_secret(state.name)
     firsts = {site: next((n for n in names if n in state.nodes), None) for site, names in state.spec.sites.items()}
 
-    async def ping_times(node: str) -> tuple[float, ...]:
-        record = state.nodes[node]
-        async with open_nursery() as nursery:
-            client = await rpc.connect(nursery, record.host, record.port, secret=secret, name="gmount-probe",
-                                       peer=node, timeout=3.0, ssl_context=client_ssl(state))
-            try:
-                await client.call("ping", timeout=5.0)  # warm up: connection and caches
-                samples = []
-                for _ in range(count):
-                    start = time.perf_counter()
-                    await client.call("ping", timeout=5.0)
-                    samples.append((time.perf_counter() - start) * 1000.0)
-                return tuple(samples)
-            finally:
-                await client.aclose()
+    async def ping_times(client: ClusterClient, node: str) -> tuple[float, ...]:
+        await client.call(node, "ping", timeout=5.0)  # warm up: connection and caches
+        samples = []
+        for _ in range(count):
+            start = time.perf_counter()
+            await client.call(node, "ping", timeout=5.0)
+            samples.append((time.perf_counter() - start) * 1000.0)
+        return tuple(samples)
 
     sites = list(state.spec.sites)
     result = []
@@ -104,7 +94,8 @@ async def _local_rtts(state: ClusterState, count: int) -> list[SiteRtt]:
                 result.append(SiteRtt((a, b), (src or "?", dst or "?"), problem="no running node in one of the sites"))
                 continue
             try:
-                result.append(SiteRtt((a, b), (src, dst), await ping_times(dst)))
+                async with open_client(state, name="gmount-probe") as client:
+                    result.append(SiteRtt((a, b), (src, dst), await ping_times(client, dst)))
             except OSError as exc:
                 result.append(SiteRtt((a, b), (src, dst), problem=f"{dst}: {exc}"))
     return result

@@ -26,7 +26,6 @@ import resource
 import signal
 import socket
 import sys
-from dataclasses import asdict
 from typing import Any, TextIO
 
 import pyfuse3
@@ -37,10 +36,10 @@ from .._trio import open_nursery
 from .._version import __version__
 from ..config import ClusterSpec, NodeSpec
 from ..errors import GmountError
-from ..messages import HolderRow, LsEntry, LsReply, StageReply
 from ..overlay import Overlay
-from ..tls import NodeCredentials, certificate_problem, client_context, expires, load_credentials, server_context
+from ..tls import NodeCredentials, certificate_problem, client_context, server_context
 from . import readahead
+from .control import NodeControl
 from .directories import directory_problems
 from .export import Export
 from .fuse import GmountOperations
@@ -50,11 +49,9 @@ from .namespace import Namespace
 from .peers import PeerAddress, PeerPool
 from .replicas import ReplicaTable
 from .service import NodeService
-from .staging import stage_file
 from .startup import LINE_PREFIX, default_log_path, replica_table_path
 
 log = logging.getLogger("gmountpy.node")
-
 
 
 def _say(out: TextIO, kind: str, payload: Any) -> None:
@@ -143,21 +140,6 @@ class NodeDaemon:
         self.overlay = Overlay(spec)
         self.export = Export(self.node.export)
 
-    def _where(self, namespace: Namespace) -> Any:
-        async def where(path: str) -> list[HolderRow]:
-            holders = await namespace.where(path)
-            return [{
-                "node": loc.node,
-                "site": self.overlay.site_of(loc.node),
-                "size": loc.attr.size,
-                "mtime_ns": loc.attr.mtime_ns,
-                "mode": loc.attr.mode,
-                "export_path": os.path.join(self.spec.node(loc.node).export, path.lstrip("/")),
-                "rtt_ms": self.overlay.rtt(self.me, loc.node),
-                "replica_of": loc.replica_of,
-            } for loc in holders]
-        return where
-
     def _locator(self, pool: PeerPool) -> tuple[Locator, DirectoryIndex | None]:
         """The locator `tuning.lookup` names; with a directory index, the index this node keeps as a home."""
         tuning = self.spec.tuning
@@ -173,33 +155,11 @@ class NodeDaemon:
         return IndexLocator(pool, tiers, homes, ttl=tuning.attr_ttl, negative_ttl=tuning.negative_ttl), index
 
     async def run(self, sock: socket.socket, peers: dict[str, PeerAddress], out: TextIO) -> None:
-        shutdown = trio.Event()
-
-        async def stop() -> None:
-            shutdown.set()
-
-        async def stats() -> dict[str, Any]:
-            s = locator.statistics()
-            lookup: dict[str, Any] = {"lookup": self.spec.tuning.lookup,
-                                      "messages_sent": dict(service.counters.messages)}
-            if isinstance(locator, IndexLocator):
-                lookup["fallbacks"] = locator.fallbacks
-            if index is not None:
-                lookup["index"] = asdict(index.statistics())
-            return {**lookup, "node": self.me, "pid": os.getpid(), "inodes": len(ops.inodes),
-                    "open_files": len(ops._files), "cache_hits": s.hits, "cache_misses": s.misses,
-                    "negative_hits": s.negative_hits, "remote_queries": s.remote_queries,
-                    # against the [tuning] limits: what peers hold here, and what this node holds
-                    "peer_handles": service.usage.handles, "peer_listings": service.usage.listings,
-                    "requests_in_progress": request_limits.in_progress, "requests_refused": request_limits.refused,
-                    "readahead_bytes": readahead.NODE_BUDGET.used}
-
         info = {"node": self.me, "site": self.node.site, "cluster": self.spec.name, "version": __version__,
                 "mountpoint": self.node.mountpoint, "export": self.node.export}
-        extra: dict[str, Any] = {"shutdown": stop, "stats": stats}
         tuning = self.spec.tuning
-        service = NodeService(self.export, info, extra,
-                              ReplicaTable(replica_table_path(self.spec.name, self.me)), tuning=tuning)
+        service = NodeService(self.export, info, replicas=ReplicaTable(replica_table_path(self.spec.name, self.me)),
+                              tuning=tuning)
         request_limits = rpc.RequestLimits(tuning.requests_per_connection, tuning.requests_per_node, self.me)
         readahead.NODE_BUDGET.limit = tuning.readahead_mib << 20
         _raise_file_limit(tuning.handles_per_node + 1024)  # the mount's own files and sockets besides
@@ -213,55 +173,21 @@ class NodeDaemon:
             pool.set_peers(peers)
             locator, index = self._locator(pool)
             if index is not None and isinstance(locator, IndexLocator):
-                extra.update(index.operations())
+                service.add_operations(index.operations())
                 watcher = ExportWatcher(pool, locator.homes)
-                extra.update(watcher.operations())
+                service.add_operations(watcher.operations())
                 nursery.start_soon(_watch_export_forever, watcher, max(0.2, tuning.attr_ttl or 1.0))
             namespace = Namespace(self.me, {n: s.site for n, s in self.spec.nodes.items()}, self.export,
                                   pool, locator, nursery)
             if isinstance(locator, IndexLocator):
                 nursery.start_soon(_flush_owed_forever, locator)
-            extra["where"] = self._where(namespace)
-            extra["created"] = namespace.created_elsewhere  # a peer created a name: forget "not found"
+            control = NodeControl(self.me, self.spec, self.overlay, service=service, pool=pool, locator=locator,
+                                  index=index, namespace=namespace, limits=request_limits, server_tls=server_tls,
+                                  credentials=self.credentials)
+            service.add_operations(control.operations())
             service.on_created = namespace.created_by_put
-
-            async def ls(path: str) -> dict[str, Any]:
-                """The merged listing as this node's mount shows it, with every holder of each name."""
-                listing = await namespace.merged_listing(path)
-                return LsReply(tuple(LsEntry(e.name, e.location.node, e.location.attr, e.holders)
-                                     for e in listing.entries), tuple(listing.unreachable)).to_wire()
-
-            extra["ls"] = ls
-
-            async def set_peers(table: dict[str, list[Any]]) -> None:
-                """A node was (re)started elsewhere: learn its address and forget cached misses."""
-                pool.set_peers({name: PeerAddress(str(h), int(p)) for name, (h, p) in table.items()})
-                locator.forget_all()
-                if index is not None:
-                    index.forget_all()  # a node restarted: its export may have changed while it was down
-
-            extra["set_peers"] = set_peers
-
-            async def stage(path: str) -> StageReply:
-                return await stage_file(namespace, service, path)
-
-            extra["stage"] = stage
-
-            async def renew_tls(cert: str, key: str) -> str:
-                """`gmount up` reissued our certificate: present it on connections from now on."""
-                if server_tls is None or self.credentials is None:
-                    raise OSError(errno.EINVAL, f"node {self.me} does not use TLS")
-                fresh = NodeCredentials(self.credentials.ca, cert, key)
-                problem = certificate_problem(fresh, self.me)
-                if problem is not None:
-                    raise OSError(errno.EINVAL, problem)
-                load_credentials(server_tls, fresh)
-                self.credentials = fresh
-                log.info("node %s now presents a renewed certificate, valid until %s", self.me, expires(cert))
-                return str(expires(cert))
-
-            extra["renew_tls"] = renew_tls
             ops = GmountOperations(namespace, tuning.attr_ttl, tuning.negative_ttl, service.counters)
+            control.mount = ops
 
             listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
 
@@ -286,10 +212,10 @@ class NodeDaemon:
                     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                         async for signum in signals:
                             log.info("received signal %d, unmounting", signum)
-                            shutdown.set()
+                            control.shutdown.set()
 
                 async def stop_when_asked() -> None:
-                    await shutdown.wait()
+                    await control.shutdown.wait()
                     pyfuse3.terminate()
 
                 nursery.start_soon(watch_signals)

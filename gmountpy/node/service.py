@@ -15,7 +15,7 @@ import logging
 import os
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -227,6 +227,11 @@ class NodeService:
         self._ops: dict[str, Callable[..., Any]] = {
             name[3:]: getattr(self, name) for name in dir(self) if name.startswith("op_")
         }
+
+    def add_operations(self, operations: Mapping[str, Callable[..., Awaitable[Any]]]) -> None:
+        """Serve more operations, answered before the export's own: the node-wide ones the daemon wires in
+        (node.control, the directory index)."""
+        self._extra.update(operations)
 
     async def dispatch(self, session: Session, op: str, args: list[Any]) -> Any:
         if op in self._extra:

@@ -7,7 +7,8 @@
 
 or with `--default-storage-provider gmount --default-storage-prefix gmount://demo`
 and plain paths. A query is a URL as in fsspec: `gmount://CLUSTER/path`
-(`gmount:///path` uses --storage-gmount-cluster, or the only running cluster).
+(`gmount:///path` uses --storage-gmount-cluster, else the cluster whose mount holds the working
+directory, else the only running cluster).
 
 Existence, mtime and size come from the cluster (the holders' attributes,
 asked from --storage-gmount-node, default the cluster's first node); an
@@ -48,7 +49,6 @@ from snakemake_interface_storage_plugins.storage_provider import (
 
 from gmountpy import GmountError
 from gmountpy.api import Cluster, FileLocations, Holder
-from gmountpy.state import all_states
 
 SCHEME = "gmount"
 
@@ -59,18 +59,11 @@ class StorageProviderSettings(StorageProviderSettingsBase):
 
     cluster: Optional[str] = field(default=None, metadata={
         "help": "Cluster for gmount:///path queries (name, cluster file, or a path in a mount). Default: the "
-                "only running cluster.", "env_var": False, "required": False})
+                "cluster whose mount holds the working directory, else the only running one.", "env_var": False,
+        "required": False})
     node: Optional[str] = field(default=None, metadata={
         "help": "Node that lookups are asked from and new outputs are written to. Default: the cluster's "
                 "first node.", "env_var": False, "required": False})
-
-
-def _only_running() -> str:
-    running = [state.name for state in all_states()]
-    if len(running) == 1:
-        return running[0]
-    raise WorkflowError("gmount storage: say which cluster: gmount://CLUSTER/path or --storage-gmount-cluster "
-                        f"(running clusters: {', '.join(running) or 'none'})")
 
 
 def _split(query: str) -> tuple[str, str]:
@@ -88,14 +81,14 @@ class StorageProvider(StorageProviderBase):
         self._lock = threading.Lock()
 
     def cluster(self, name: str) -> Cluster:
-        """The cluster of a query (its host part, else --storage-gmount-cluster, else the only running one)."""
+        """The cluster of a query (its host part, else --storage-gmount-cluster, else as `Cluster.open(None)`)."""
         settings: Optional[StorageProviderSettings] = self.settings
         key = name or (settings.cluster if settings and settings.cluster else "")
         with self._lock:
             found = self._clusters.get(key)
             if found is None:
                 try:
-                    found = self._clusters[key] = Cluster.open(key or _only_running())
+                    found = self._clusters[key] = Cluster.open(key or None)
                 except GmountError as exc:
                     raise WorkflowError(f"gmount storage: {exc}") from None
             return found

@@ -1,0 +1,133 @@
+"""The requests a whole node answers, beyond its export: the node's view of the namespace, its
+peers, its certificate, its statistics, and stopping it.
+
+NodeService answers what concerns the export alone; these need the parts
+the daemon builds around it (namespace, peer pool, locator, index, TLS), so
+they live in one object of their own, whose operations the service serves
+(`service.add_operations(control.operations())`). The daemon only wires.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .. import rpc
+from ..config import ClusterSpec
+from ..messages import HolderRow, LsEntry, LsReply, StageReply
+from ..overlay import Overlay
+from ..tls import NodeCredentials, certificate_problem, expires, load_credentials
+from . import readahead
+from .index import DirectoryIndex, IndexLocator
+from .locator import Locator
+from .namespace import Namespace
+from .peers import PeerAddress, PeerPool
+from .service import NodeService
+from .staging import stage_file
+
+if TYPE_CHECKING:
+    from .fuse import GmountOperations
+
+log = logging.getLogger(__name__)
+
+
+class NodeControl:
+    """Node-wide operations (`where`, `ls`, `stage`, `set_peers`, `renew_tls`, `stats`, `shutdown`, `created`)."""
+
+    def __init__(self, me: str, spec: ClusterSpec, overlay: Overlay, *, service: NodeService, pool: PeerPool,
+                 locator: Locator, index: DirectoryIndex | None, namespace: Namespace,
+                 limits: rpc.RequestLimits, server_tls: ssl.SSLContext | None = None,
+                 credentials: NodeCredentials | None = None) -> None:
+        self.me = me
+        self.spec = spec
+        self.overlay = overlay
+        self.service = service
+        self.pool = pool
+        self.locator = locator
+        self.index = index
+        self.namespace = namespace
+        self.limits = limits
+        self.server_tls = server_tls
+        self.credentials = credentials
+        #: The FUSE front end, once mounted (its inode and open-file counts go into `stats`).
+        self.mount: GmountOperations | None = None
+        #: Set by the `shutdown` request (and by the daemon on SIGTERM/SIGINT): time to unmount.
+        self.shutdown = trio.Event()
+
+    def operations(self) -> dict[str, Callable[..., Awaitable[Any]]]:
+        return {"where": self.where, "ls": self.ls, "stage": self.stage, "set_peers": self.set_peers,
+                "renew_tls": self.renew_tls, "stats": self.stats, "shutdown": self.stop,
+                "created": self.namespace.created_elsewhere}  # a peer created a name: forget "not found"
+
+    async def where(self, path: str) -> list[HolderRow]:
+        """Every holder of `path`, nearest first, as this node sees them."""
+        holders = await self.namespace.where(path)
+        return [{
+            "node": loc.node,
+            "site": self.overlay.site_of(loc.node),
+            "size": loc.attr.size,
+            "mtime_ns": loc.attr.mtime_ns,
+            "mode": loc.attr.mode,
+            "export_path": os.path.join(self.spec.node(loc.node).export, path.lstrip("/")),
+            "rtt_ms": self.overlay.rtt(self.me, loc.node),
+            "replica_of": loc.replica_of,
+        } for loc in holders]
+
+    async def ls(self, path: str) -> dict[str, Any]:
+        """The merged listing as this node's mount shows it, with every holder of each name."""
+        listing = await self.namespace.merged_listing(path)
+        return LsReply(tuple(LsEntry(e.name, e.location.node, e.location.attr, e.holders)
+                             for e in listing.entries), tuple(listing.unreachable)).to_wire()
+
+    async def stage(self, path: str) -> StageReply:
+        return await stage_file(self.namespace, self.service, path)
+
+    async def set_peers(self, table: dict[str, list[Any]]) -> None:
+        """A node was (re)started elsewhere: learn its address and forget cached misses."""
+        self.pool.set_peers({name: PeerAddress(str(h), int(p)) for name, (h, p) in table.items()})
+        self.locator.forget_all()
+        if self.index is not None:
+            self.index.forget_all()  # a node restarted: its export may have changed while it was down
+
+    async def renew_tls(self, cert: str, key: str) -> str:
+        """`gmount up` reissued our certificate: present it on connections from now on."""
+        if self.server_tls is None or self.credentials is None:
+            raise OSError(errno.EINVAL, f"node {self.me} does not use TLS")
+        fresh = NodeCredentials(self.credentials.ca, cert, key)
+        problem = certificate_problem(fresh, self.me)
+        if problem is not None:
+            raise OSError(errno.EINVAL, problem)
+        load_credentials(self.server_tls, fresh)
+        self.credentials = fresh
+        log.info("node %s now presents a renewed certificate, valid until %s", self.me, expires(cert))
+        return str(expires(cert))
+
+    async def stats(self) -> dict[str, Any]:
+        """Caches, messages, handles and limits of this node, for tests and benchmarks."""
+        s = self.locator.statistics()
+        lookup: dict[str, Any] = {"lookup": self.spec.tuning.lookup,
+                                  "messages_sent": dict(self.service.counters.messages)}
+        if isinstance(self.locator, IndexLocator):
+            lookup["fallbacks"] = self.locator.fallbacks
+        if self.index is not None:
+            lookup["index"] = asdict(self.index.statistics())
+        mount: dict[str, Any] = {}
+        if self.mount is not None:
+            mount = {"inodes": len(self.mount.inodes), "open_files": len(self.mount._files)}
+        usage = self.service.usage
+        return {**lookup, "node": self.me, "pid": os.getpid(), **mount, "cache_hits": s.hits,
+                "cache_misses": s.misses, "negative_hits": s.negative_hits, "remote_queries": s.remote_queries,
+                # against the [tuning] limits: what peers hold here, and what this node holds
+                "peer_handles": usage.handles, "peer_listings": usage.listings,
+                "requests_in_progress": self.limits.in_progress, "requests_refused": self.limits.refused,
+                "readahead_bytes": readahead.NODE_BUDGET.used}
+
+    async def stop(self) -> None:
+        self.shutdown.set()
