@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import trio
 
+from gmountpy._trio import open_nursery
 from gmountpy.node.export import Attr
 from gmountpy.node.locator import FloodLocator, Location, LocatorStatistics
-from gmountpy._trio import open_nursery
 
 from .._trio import elapse_until, trio_test
 from .harness import Cluster, open_cluster

@@ -9,9 +9,9 @@ import pytest
 import trio
 import trio.testing
 
+from gmountpy._trio import open_nursery
 from gmountpy.errors import PeerUnavailable
 from gmountpy.node.peers import PeerPool
-from gmountpy._trio import open_nursery
 
 from .._trio import elapse_until, trio_test
 from .harness import open_cluster
