@@ -67,7 +67,7 @@ LINT_PATHS = ["gmountpy", "plugins"]
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """Type checks (`mypy --strict`, settings in pyproject.toml) and `ruff check` over the package and plugins.
+    """`mypy --strict` over the package and plugins; `ruff check` also over tests and benchmarks (pyproject.toml).
 
     mypy checks calls against the libraries as installed, so the project comes with
     the same extras as the tests (pyfuse3 builds against libfuse3-dev).
@@ -75,7 +75,7 @@ def lint(session: nox.Session) -> None:
     ensure_system_packages(session, BASE_PACKAGES)
     install_project(session, "[test,pipelines,snakemake]")
     session.install(*LINT_TOOLS)
-    session.run("ruff", "check", *LINT_PATHS)
+    session.run("ruff", "check", *LINT_PATHS, "tests", "benchmarks")  # mypy: the package and plugins only
     session.run("mypy", *LINT_PATHS)
 
 
@@ -110,7 +110,8 @@ GLUSTER_PACKAGES = ["glusterfs-server", "glusterfs-client"]
 
 @nox.session
 def wan(session: nox.Session) -> None:
-    """The WAN emulation CLI: `nox -s wan -- up CLUSTER.toml [--gmount]` / `down CLUSTER.toml` / `run CLUSTER.toml -- CMD`."""
+    """The WAN emulation CLI: `nox -s wan -- up CLUSTER.toml [--gmount]`, `down CLUSTER.toml`,
+    `run CLUSTER.toml -- CMD`."""
     ensure_system_packages(session, BASE_PACKAGES + WAN_PACKAGES)
     install_project(session)
     session.run("python", "-m", "benchmarks.wan", *(session.posargs or ["--help"]))

@@ -29,8 +29,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 MiB = 1024 * 1024
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "core.json"
@@ -268,7 +269,7 @@ class Results:
         # Each repeat measures mount and direct back to back, so their ratio is paired: a burst of
         # load from elsewhere slows both sides of one repeat, and the median of the paired ratios
         # is steadier than the ratio of the two medians (kept as ratio_of_medians).
-        paired = [a / b for a, b in zip(mount, direct) if b]
+        paired = [a / b for a, b in zip(mount, direct, strict=False) if b]
         row = {"name": name, "unit": unit, "mount": m, "direct": d,
                "ratio": median(paired) if paired else None,
                "ratio_of_medians": (m / d) if d else None, "n": n, "repeats": len(mount),
@@ -411,7 +412,7 @@ def run(args: argparse.Namespace, base: Path, holder: dict[str, Any]) -> dict[st
             for i in range(n_files):
                 os.close(os.open(d / f"f{i:05d}", os.O_CREAT | os.O_WRONLY, 0o644))
     big = {"local": ("n1", "bench/big-n1.bin"), "remote": ("n3", "bench/big-n3.bin")}
-    for kind, (node, rel) in big.items():
+    for node, rel in big.values():
         make_big_file(export[node] / rel, size)
     (export[ME] / "bench" / "create-direct").mkdir(parents=True)
 
@@ -551,7 +552,7 @@ def run(args: argparse.Namespace, base: Path, holder: dict[str, Any]) -> dict[st
         if got != size:
             res.notes.append(f"ANOMALY: read {got} bytes of {path}, expected {size}")
 
-    for r in range(repeats):
+    for _ in range(repeats):
         for kind, (node, rel) in big.items():
             e_path = str(export[node] / rel)
             m_path = str(mnt / rel)
@@ -623,7 +624,8 @@ def run(args: argparse.Namespace, base: Path, holder: dict[str, Any]) -> dict[st
     res.notes.append(f"export file cached fraction after each 'first read' through the mount: {export_cached}")
     export_dropped = cache_summary.get("local cold: export cached [mount]", []) + \
         cache_summary.get("remote cold: export cached [mount]", [])
-    res.notes.append(f"export file cached fraction at the start of each 'cold' read through the mount: {export_dropped}")
+    res.notes.append("export file cached fraction at the start of each 'cold' read through the mount: "
+                     f"{export_dropped}")
 
     # -- evidence from the daemons --------------------------------------------------------
     stats = {n: daemon_stats(state, n) for n in spec.nodes}

@@ -76,10 +76,9 @@ def makefile(recipes: int, include: str | None) -> str:
 
 
 def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
-    from gmountpy_make import MAKEFILE
-
     from gmountpy import launch
     from gmountpy.config import load_spec
+    from gmountpy_make import MAKEFILE
 
     wrapper = os.path.join(BIN, "gmount-sh")
     if not os.access(wrapper, os.X_OK):

@@ -123,7 +123,8 @@ def test_per_node_overrides() -> None:
     )
     assert (n4.host, n4.mountpoint, n4.listen, n4.export) == ("hongo-4", "/gm", "::1", "/tmp/gm-demo/n4/export")
     assert spec.intra_site_rtt_ms == 0.5
-    assert spec.tuning == Tuning(attr_ttl=0.0, negative_ttl=2.0, rpc_timeout=1.5, connect_timeout=1.0, ready_timeout=60.0)
+    assert spec.tuning == Tuning(attr_ttl=0.0, negative_ttl=2.0, rpc_timeout=1.5, connect_timeout=1.0,
+                                 ready_timeout=60.0)
     assert isinstance(spec.tuning.negative_ttl, float)
 
 
@@ -392,7 +393,7 @@ def raw_specs(draw: st.DrawFn) -> dict[str, Any]:
         draw(st.integers(0, len(site_names) - 1)) for _ in node_names[len(site_names) :]
     ]
     sites: dict[str, dict[str, Any]] = {s: {"nodes": []} for s in site_names}
-    for node, owner in zip(node_names, owners):
+    for node, owner in zip(node_names, owners, strict=True):
         sites[site_names[owner]]["nodes"].append(node)
     links = []
     pairs = set()

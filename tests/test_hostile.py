@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gmountpy import rpc, wire
+from gmountpy._trio import open_nursery
 from gmountpy.client import call, run_sync
 from gmountpy.errors import PeerUnavailable
 from gmountpy.state import load_secret
-from gmountpy._trio import open_nursery
 
 from .conftest import LocalCluster
 
@@ -64,7 +64,7 @@ def test_random_frames_never_crash_or_hang_a_daemon(cluster4: LocalCluster) -> N
                 sock.close()
             except (ConnectionResetError, BrokenPipeError):
                 sock.close()
-            except socket.timeout:
+            except TimeoutError:
                 waiting.append(sock)
             sent += 1
         assert sent > 10
@@ -77,7 +77,7 @@ def test_random_frames_never_crash_or_hang_a_daemon(cluster4: LocalCluster) -> N
                     pass
             except ConnectionResetError:
                 pass
-            except socket.timeout:
+            except TimeoutError:
                 pytest.fail("daemon kept a stalled unauthenticated connection open past the handshake timeout")
     finally:
         for sock in waiting:

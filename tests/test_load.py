@@ -11,7 +11,6 @@ import threading
 import time
 from pathlib import Path
 
-
 from gmountpy.launch.orchestrate import pid_is_daemon
 
 from .conftest import FOUR_NODE_LINKS, FOUR_NODES, fuse_problem, local_cluster, require

@@ -136,7 +136,7 @@ def connected_specs(draw: st.DrawFn) -> ClusterSpec:
     sizes = [draw(st.integers(1, 4)) for _ in site_names]
     sites = {}
     counter = 0
-    for site, size in zip(site_names, sizes):
+    for site, size in zip(site_names, sizes, strict=True):
         sites[site] = [f"n{counter + k}" for k in range(size)]
         counter += size
     links: list[tuple[str, str, float]] = []

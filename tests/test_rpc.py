@@ -15,8 +15,8 @@ import pytest
 import trio
 
 from gmountpy import rpc, wire
-from gmountpy.errors import PeerUnavailable
 from gmountpy._trio import open_nursery
+from gmountpy.errors import PeerUnavailable
 
 from ._trio import trio_test
 

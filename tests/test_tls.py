@@ -10,10 +10,21 @@ import pytest
 import trio
 
 from gmountpy import rpc
-from gmountpy.errors import PeerUnavailable
-from gmountpy.tls import (CA_VALIDITY, NODE_VALIDITY, RENEW_WITHIN, ClusterCA, NodeCredentials, certificate_problem,
-                          client_context, expires, expiring, make_cluster_credentials, server_context)
 from gmountpy._trio import open_nursery
+from gmountpy.errors import PeerUnavailable
+from gmountpy.tls import (
+    CA_VALIDITY,
+    NODE_VALIDITY,
+    RENEW_WITHIN,
+    ClusterCA,
+    NodeCredentials,
+    certificate_problem,
+    client_context,
+    expires,
+    expiring,
+    make_cluster_credentials,
+    server_context,
+)
 
 SECRET = b"s" * 32
 

@@ -126,7 +126,7 @@ def test_any_chunking_yields_the_same_messages(batch: list[wire.Message], data: 
     cuts = sorted(data.draw(st.sets(st.integers(min_value=0, max_value=len(stream)), max_size=12)))
     decoder = FrameDecoder()
     received: list[wire.Message] = []
-    for start, end in zip([0, *cuts], [*cuts, len(stream)]):
+    for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
         received += decoder.feed(stream[start:end])
         consumed = sum(len(frame) for frame in frames[:len(received)])
         assert decoder.pending == end - consumed
@@ -230,7 +230,8 @@ def test_fuzz_decode_body_only_raises_protocol_error(payload: bytes) -> None:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.binary(max_size=64) | st.builds(lambda v, n: wire.HEADER.pack(v, n), st.sampled_from([1, 1, 1, 0, 2]),
+@given(st.lists(st.binary(max_size=64) | st.builds(lambda v, n: wire.HEADER.pack(v, n),
+                                                      st.sampled_from([1, 1, 1, 0, 2]),
                                                       st.integers(min_value=0, max_value=80)), max_size=10))
 def test_fuzz_feed_only_yields_messages_or_protocol_error(chunks: list[bytes]) -> None:
     decoder = FrameDecoder(max_frame=64)
@@ -285,7 +286,7 @@ def test_sealed_frames_round_trip_in_any_chunking(batch: list[wire.Message], dat
     stream = sealed_stream(batch)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=6)))
     decoder, got = mac_decoder(), []
-    for a, b in zip([0, *cuts], [*cuts, len(stream)]):
+    for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True):
         got += decoder.feed(stream[a:b])
     assert got == batch and decoder.pending == 0
 

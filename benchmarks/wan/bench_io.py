@@ -89,8 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["XDG_STATE_HOME"] = str(work / "state")
         stack.callback(lambda: os.environ.__setitem__("XDG_STATE_HOME", old_state) if old_state
                        else os.environ.pop("XDG_STATE_HOME", None))
-        cluster = "\n".join([f'name = "wanio-{os.getpid()}"', "create_export = true", "[defaults]", f'export = "{work}/{{node}}/export"',
-                             f'mountpoint = "{work}/{{node}}/mnt"', '[sites.here]', 'nodes = ["near"]',
+        cluster = "\n".join([f'name = "wanio-{os.getpid()}"', "create_export = true", "[defaults]",
+                             f'export = "{work}/{{node}}/export"', f'mountpoint = "{work}/{{node}}/mnt"',
+                             '[sites.here]', 'nodes = ["near"]',
                              '[sites.there]', 'nodes = ["far"]', "[[links]]", 'sites = ["here", "there"]',
                              f"rtt_ms = {args.rtt_ms}", ""])
         (work / "cluster.toml").write_text(cluster)

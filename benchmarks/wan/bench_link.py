@@ -27,8 +27,9 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 def measure(rtt_ms: float, bulk_seconds: float, work: Path) -> dict[str, Any]:
     toml = work / f"link{rtt_ms:g}.toml"
-    toml.write_text("\n".join([f'name = "wanlink-{rtt_ms:g}"', "create_export = true", "[defaults]", f'export = "{work}/{{node}}/e"',
-                               f'mountpoint = "{work}/{{node}}/m"', '[sites.a]', 'nodes = ["a1"]', '[sites.b]',
+    toml.write_text("\n".join([f'name = "wanlink-{rtt_ms:g}"', "create_export = true", "[defaults]",
+                               f'export = "{work}/{{node}}/e"', f'mountpoint = "{work}/{{node}}/m"',
+                               '[sites.a]', 'nodes = ["a1"]', '[sites.b]',
                                'nodes = ["b1"]', "[[links]]", 'sites = ["a", "b"]', f"rtt_ms = {rtt_ms}", ""]))
     row: dict[str, Any] = {"target_rtt_ms": rtt_ms}
     with wan.emulate(toml, workdir=work) as emu:

@@ -483,7 +483,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     value = {(r["system"], r["r_adj"], r["op"]): r["ops_per_s"] or 0 for r in rows}
     fig, axes = plt.subplots(len(r_values), 1, figsize=(11, 2.6 * len(r_values)), sharex=True, squeeze=False)
     width = 0.8 / max(1, len(systems))
-    for ax, r in zip(axes[:, 0], r_values):
+    for ax, r in zip(axes[:, 0], r_values, strict=True):
         for k, system in enumerate(systems):
             xs = [i + k * width for i in range(len(OPS))]
             ax.bar(xs, [value.get((system, r, op), 0) for op in OPS], width, label=system)

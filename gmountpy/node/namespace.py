@@ -244,6 +244,11 @@ class Namespace:
         if flags & os.O_TRUNC:  # the size cached before the open is wrong now
             self.locator.learn(path, Location(opened.node, opened.attr))
             await self.locator.announce_changed(path, Location(opened.node, opened.attr))
+        elif _content_version(opened.attr) != _content_version(location.attr):
+            # The holder has changed the file since it was looked up here. The FUSE layer drops the
+            # kernel's attributes at this open; drop ours too, or the kernel's next getattr (a `stat`
+            # after this read) would be given the old size again until attr_ttl ran out.
+            self.locator.invalidate(path)
         return opened
 
     async def create(self, path: str, flags: int, mode: int) -> FileHandle:
@@ -616,3 +621,8 @@ class Namespace:
         self.locator.learn(path, Location(location.node, attr))
         await self.locator.announce_changed(path, Location(location.node, attr))
         return attr
+
+
+def _content_version(attr: Attr) -> tuple[int, int, int]:
+    """What tells one content of a file from another (as the FUSE layer's page-cache check)."""
+    return attr.size, attr.mtime_ns, attr.ctime_ns

@@ -22,7 +22,6 @@ from ..conftest import fuse_problem, require
 from .test_wan import assert_gone, base, cluster_file, host_snapshot, wan  # noqa: F401 (fixtures)
 
 
-
 def _ours_running(markers: list[str]) -> list[str]:
     """Command lines of running processes that mention one of our paths."""
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout

@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from ..conftest import LocalCluster, force_cleanup, fuse_problem, require
 
 

@@ -85,7 +85,7 @@ class Sshd:
         node_tables: dict[str, dict[str, object]] = {}
         if distinct_addresses:
             all_nodes = [n for members in sites.values() for n in members]
-            for node, address in zip(all_nodes, NODE_ADDRESSES):
+            for node, address in zip(all_nodes, NODE_ADDRESSES, strict=False):
                 node_tables[node] = {"host": f"{self.user}@{address}", "listen": address}
         for node, table in (nodes or {}).items():
             node_tables.setdefault(node, {}).update(table)
@@ -191,7 +191,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
             f"SetEnv {MARKER}={base} XDG_STATE_HOME={state_home}",
             "",
         ]))
-        log = open(base / "sshd.log", "ab")
+        log = open(base / "sshd.log", "ab")  # noqa: SIM115 -- handed to sshd, closed here once it has it
         process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=log,
                                    stdin=subprocess.DEVNULL)
         log.close()

@@ -78,9 +78,8 @@ def test_a_node_that_cannot_start_stops_the_others(tmp_path: Path) -> None:
     busy = tmp_path / "n2" / "mnt"
     busy.mkdir(parents=True)
     (busy / "in-the-way").write_text("x")  # a non-empty mountpoint is refused
-    with pytest.raises(LaunchError) as info:
-        with local_cluster(tmp_path, "fail", FOUR_NODES, FOUR_NODE_LINKS):
-            pass
+    with pytest.raises(LaunchError) as info, local_cluster(tmp_path, "fail", FOUR_NODES, FOUR_NODE_LINKS):
+        pass
     assert list(info.value.failures) == ["n2"]
     assert "not empty" in info.value.failures["n2"]
     assert not any(mounted(tmp_path / n / "mnt") for n in ("n1", "n3", "n4"))

@@ -72,7 +72,7 @@ def _spec(listen: str) -> dict[str, object]:
 def test_loopback_listen_is_refused_when_the_cluster_spans_machines(listen: str, problem: str | None) -> None:
     async def check() -> dict[str, str]:
         pool = SshPool(parse_spec(_spec(listen)))
-        for link, ip in zip(pool.links, ["10.0.0.1", "10.0.0.2"]):
+        for link, ip in zip(pool.links, ["10.0.0.1", "10.0.0.2"], strict=True):
             link.conn = object()  # type: ignore[assignment]  # connected, as far as the check cares
             link.peer_ip = ip
         pool._check_listen_addresses(lambda node, what: None)

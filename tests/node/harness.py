@@ -19,6 +19,7 @@ from typing import Any
 import trio
 
 from gmountpy import rpc
+from gmountpy._trio import open_nursery
 from gmountpy.config import ClusterSpec, parse_spec
 from gmountpy.node.export import Export
 from gmountpy.node.index import DirectoryIndex, ExportWatcher, Homes, IndexLocator
@@ -27,7 +28,6 @@ from gmountpy.node.namespace import Namespace
 from gmountpy.node.peers import PeerAddress, PeerPool
 from gmountpy.node.service import NodeService
 from gmountpy.overlay import Overlay
-from gmountpy._trio import open_nursery
 
 SECRET = b"harness secret, 32 bytes long..."
 SITES = {"tsukuba": ["n1", "n2"], "hongo": ["n3", "n4"]}

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from gmountpy.errors import PeerUnavailable
 from gmountpy.node.locator import AbsentForNow
 
-from .._trio import trio_test
+from .._trio import elapse, elapse_until, trio_test
 from .harness import open_cluster, read_file
 
 
@@ -89,7 +90,7 @@ async def test_handoff_holder_answering_eacces_is_not_absence(tmp_path: Path) ->
         assert (await cluster["n1"].namespace.lookup("/guarded")).node == "n3"  # nothing was cached
 
 
-@trio_test
+@trio_test(mock_clock=True)  # at real speed: the timeout is a real request's
 async def test_handoff_holder_timing_out_is_eio_and_not_cached(tmp_path: Path) -> None:
     async with open_cluster(tmp_path, rpc_timeout=0.3, retry_after=0.3) as cluster:
         cluster["n4"].put("/slow", b"x")
@@ -97,20 +98,23 @@ async def test_handoff_holder_timing_out_is_eio_and_not_cached(tmp_path: Path) -
         with pytest.raises(PeerUnavailable) as info:
             await cluster["n1"].namespace.lookup("/slow")
         assert info.value.errno == errno.ETIMEDOUT  # EIO at the FUSE boundary
+        timed_out_at = trio.current_time()
+        assert cluster["n1"].pool.is_down("n4")
         del cluster["n4"].delay["locate"]
-        await trio.sleep(0.4)  # n4 is retried
+        await elapse_until(timed_out_at + 0.3)  # retry_after: n4 is asked again
+        assert not cluster["n1"].pool.is_down("n4")
         assert (await cluster["n1"].namespace.lookup("/slow")).node == "n4"
 
 
-@trio_test
+@trio_test(frozen_clock=True)
 async def test_handoff_dead_known_holder_is_eio_unknown_name_is_uncached_enoent(tmp_path: Path) -> None:
-    async with open_cluster(tmp_path, retry_after=0.3) as cluster:
+    async with open_cluster(tmp_path, ttl=60.0, retry_after=0.3) as cluster:
         cluster["n3"].put("/known", b"x")
         ns = cluster["n1"].namespace
         assert (await ns.lookup("/known")).node == "n3"
         cluster.stop("n3")
-        await trio.sleep(0.05)
-        cluster["n1"].locator.invalidate("/known")  # the cached location expired
+        await trio.testing.wait_all_tasks_blocked()  # n3's listener and connections are closed
+        await elapse(60.0)  # the cached location expires (ttl): n1 asks again
         with pytest.raises(PeerUnavailable):
             await ns.lookup("/known")
         with pytest.raises(AbsentForNow):  # ENOENT, but neither daemon nor kernel keeps it

@@ -47,7 +47,7 @@ from gmountpy.node.locator import AbsentForNow
 from gmountpy.node.namespace import Namespace
 from gmountpy.node.service import NodeService
 
-from .._trio import trio_test
+from .._trio import elapse, elapse_until, trio_test
 from ..conftest import (
     FOUR_NODE_LINKS,
     FOUR_NODES,
@@ -260,9 +260,9 @@ async def test_unlink_rename_rmdir_keep_the_index_exact(tmp_path: Path) -> None:
         assert cluster.holders("/moved") == [] and cluster.holders("/top") == []
 
 
-@trio_test
+@trio_test(frozen_clock=True)
 async def test_files_put_straight_into_an_export_reach_the_home_at_the_next_scan(tmp_path: Path) -> None:
-    async with open_cluster(tmp_path, lookup="index") as cluster:
+    async with open_cluster(tmp_path, lookup="index", ttl=1.0) as cluster:
         directory = homed_at(homes_of(cluster), "n2")
         cluster["n3"].mkdir(directory)
         for node in ("n1", "n4"):
@@ -281,7 +281,7 @@ async def test_files_put_straight_into_an_export_reach_the_home_at_the_next_scan
         assert await watcher.scan() == 0 and total(cluster) == 0  # nothing changed: nothing sent
         (cluster["n3"].path(directory) / "copied").unlink()
         assert await watcher.scan() == 1
-        cluster["n1"].locator.invalidate(f"{directory}/copied")  # its cached location expired (attr_ttl)
+        await elapse(1.0)  # n1's cached location expires (attr_ttl)
         with pytest.raises(FileNotFoundError):
             await cluster["n1"].namespace.lookup(f"{directory}/copied")
 
@@ -373,18 +373,39 @@ def _attr(mode: int = stat.S_IFREG | 0o644, size: int = 1) -> list[int]:
     return [mode, 1, 0, 0, size, 0, 0, 0, 0, 4096, 0]
 
 
-@trio_test(mock_clock=True)
+@trio_test(autojump=True)
 async def test_directory_index_builds_once_then_rescans() -> None:
     peer = OnePeer({"h": {"/d": [["a", _attr()]]}, "x": {"/d": [["b", _attr(stat.S_IFDIR | 0o755)]]}})
     index = DirectoryIndex(peer, ["h", "x"], lease=10.0, rescan=30.0)
+    built_at = trio.current_time()
     reply = await index.op_lookup("/d", "a", "x")
     assert [h[0] for h in reply["holders"]] == ["h"] and reply["complete"]
     assert (await index.op_lookup("/d", "nope", "x"))["lease"] == 10.0
     assert [c[1] for c in peer.calls].count("index_listdir") == 2  # one listing per node, once
-    trio.lowlevel.current_clock().jump(31)  # type: ignore[attr-defined]
+    await elapse_until(built_at + 30.0 - 0.001)
+    await index.op_lookup("/d", "a", None)
+    assert [c[1] for c in peer.calls].count("index_listdir") == 2  # younger than `rescan`: not listed again
+    await elapse_until(built_at + 30.0)
     await index.op_lookup("/d", "a", None)
     assert [c[1] for c in peer.calls].count("index_listdir") == 4
     assert index.statistics().builds == 2
+
+
+@trio_test(autojump=True)
+async def test_directory_index_revokes_only_leases_still_running() -> None:
+    """A "not found" is revoked (the asker told of the create) while its lease runs, and only then."""
+    peer = OnePeer({"h": {"/d": []}})
+    index = DirectoryIndex(peer, ["h", "x", "y"], lease=10.0)
+    assert (await index.op_lookup("/d", "early", "x"))["lease"] == 10.0
+    assert (await index.op_lookup("/d", "late", "x"))["lease"] == 10.0
+    leased_at = trio.current_time()
+    await elapse_until(leased_at + 10.0 - 0.001)
+    assert await index.op_claim("/d", "early", "y", False, True) is None
+    assert [(c[0], c[1], c[2][0]) for c in peer.calls if c[1] == "created"] == [("x", "created", "/d/early")]
+    await elapse_until(leased_at + 10.0)  # the lease on "late" has run out: x may no longer keep it
+    assert await index.op_claim("/d", "late", "y", False, True) is None
+    assert [c[2][0] for c in peer.calls if c[1] == "created"] == ["/d/early"]
+    assert index.statistics().revocations == 1
 
 
 @trio_test(mock_clock=True)

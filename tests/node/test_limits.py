@@ -150,7 +150,7 @@ async def test_read_ahead_stays_within_its_memory_budget(tmp_path: Path) -> None
         readers = [ReadAhead(fetch, nursery, budget) for _ in range(3)]
         results = [bytearray() for _ in readers]
         for offset in range(0, len(data), 128 * 1024):  # three sequential readers side by side
-            for reader, result in zip(readers, results):
+            for reader, result in zip(readers, results, strict=True):
                 result += await reader.read(offset, 128 * 1024)
                 peak = max(peak, budget.used)
         assert all(bytes(r) == data for r in results)
@@ -178,8 +178,10 @@ def test_limits_are_tuning_keys_checked_at_load() -> None:
     spec = parse_spec({**base, "tuning": {"handles_per_connection": 10, "readahead_mib": 0}})
     assert spec.tuning.handles_per_connection == 10 and spec.tuning.readahead_mib == 0
     assert spec.tuning.requests_per_node == Tuning().requests_per_node
-    for key, value, message in [("handles_per_node", 0, "must be >= 1"), ("listings_per_node", 2.5, "must be an integer"),
-                                ("readahead_mib", -1, "must be >= 0"), ("requests_per_connection", True, "must be an integer")]:
+    for key, value, message in [("handles_per_node", 0, "must be >= 1"),
+                                ("listings_per_node", 2.5, "must be an integer"),
+                                ("readahead_mib", -1, "must be >= 0"),
+                                ("requests_per_connection", True, "must be an integer")]:
         with pytest.raises(SpecError, match=f"tuning.{key}: {message}"):
             parse_spec({**base, "tuning": {key: value}})
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import trio
 
+from gmountpy._trio import open_nursery
 from gmountpy.node.export import Attr
 from gmountpy.node.locator import FloodLocator, Location, LocatorStatistics
-from gmountpy._trio import open_nursery
 
-from .._trio import jump, trio_test
+from .._trio import elapse_until, trio_test
 from .harness import Cluster, open_cluster
 
 
@@ -118,35 +118,39 @@ async def test_directories_are_found_like_files(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- caches
 
 
-@trio_test(mock_clock=True)
+@trio_test(frozen_clock=True)
 async def test_negative_cache_until_its_ttl_expires(tmp_path: Path) -> None:
     async with open_cluster(tmp_path, ttl=1.0, negative_ttl=1.0) as cluster:
         locator = cluster["n1"].locator
         assert await locator.find("/later") is None
+        cached_at = trio.current_time()
         assert remote_lookups(cluster) == {"n1": 0, "n2": 1, "n3": 1, "n4": 1}
         cluster["n3"].put("/later", b"arrived")
         assert await locator.find("/later") is None  # still the cached negative
+        await elapse_until(cached_at + 1.0 - 0.001)
+        assert await locator.find("/later") is None  # ... until the very end of negative_ttl
         assert remote_lookups(cluster) == {"n1": 0, "n2": 1, "n3": 1, "n4": 1}
         stats = locator.statistics()
-        assert (stats.misses, stats.negative_hits, stats.remote_queries) == (1, 1, 3)
-        jump(1.01)
+        assert (stats.misses, stats.negative_hits, stats.remote_queries) == (1, 2, 3)
+        await elapse_until(cached_at + 1.0)  # exactly negative_ttl after the search
         location = await locator.find("/later")
         assert location is not None and location.node == "n3"
 
 
-@trio_test(mock_clock=True)
+@trio_test(frozen_clock=True)
 async def test_positive_cache_until_its_ttl_expires(tmp_path: Path) -> None:
     async with open_cluster(tmp_path, ttl=1.0, negative_ttl=1.0) as cluster:
         locator = cluster["n1"].locator
         cluster["n2"].put("/moving", b"a")
         assert (await locator.find("/moving")).node == "n2"  # type: ignore[union-attr]
+        cached_at = trio.current_time()
         cluster["n2"].path("/moving").unlink()
         cluster["n4"].put("/moving", b"b")
         assert (await locator.find("/moving")).node == "n2"  # type: ignore[union-attr]
         assert locator.statistics().hits == 1
-        jump(0.5)
+        await elapse_until(cached_at + 1.0 - 0.001)
         assert (await locator.find("/moving")).node == "n2"  # type: ignore[union-attr]
-        jump(0.51)
+        await elapse_until(cached_at + 1.0)  # exactly ttl after the search
         assert (await locator.find("/moving")).node == "n4"  # type: ignore[union-attr]
         assert locator.statistics().cached == 1
 

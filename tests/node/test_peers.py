@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
+from gmountpy._trio import open_nursery
 from gmountpy.errors import PeerUnavailable
 from gmountpy.node.peers import PeerPool
-from gmountpy._trio import open_nursery
 
-from .._trio import jump, trio_test
+from .._trio import elapse_until, trio_test
 from .harness import open_cluster
 
 
@@ -45,20 +46,24 @@ async def test_unknown_node(tmp_path: Path) -> None:
         assert info.value.errno == errno.EHOSTUNREACH
 
 
-@trio_test(mock_clock=True)
+@trio_test(frozen_clock=True)
 async def test_a_stopped_peer_is_marked_down_and_retried_after_a_while(tmp_path: Path) -> None:
     async with open_cluster(tmp_path, retry_after=2.0) as cluster:
         pool = cluster["n1"].pool
         assert (await pool.call("n2", "ping"))["node"] == "n2"
         cluster.stop("n2")
-        await trio.sleep(0.05)
+        await trio.testing.wait_all_tasks_blocked()  # n2's listener and connections are closed
         with pytest.raises(PeerUnavailable):
             await pool.call("n2", "ping")
+        marked_at = trio.current_time()
         assert pool.is_down("n2")
-        with trio.fail_after(1):
-            with pytest.raises(PeerUnavailable, match="down"):  # refused without a new attempt
-                await pool.call("n2", "ping")
-        jump(2.0)
+        with pytest.raises(PeerUnavailable, match="down"):  # refused without a new attempt
+            await pool.call("n2", "ping")
+        await elapse_until(marked_at + 2.0 - 0.001)
+        assert pool.is_down("n2")  # for all of retry_after ...
+        with pytest.raises(PeerUnavailable, match="down"):
+            await pool.call("n2", "ping")
+        await elapse_until(marked_at + 2.0)  # ... and not a moment longer
         assert not pool.is_down("n2")
         with pytest.raises(PeerUnavailable, match="cannot connect"):  # tried again: still refused
             await pool.call("n2", "ping")

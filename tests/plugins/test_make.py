@@ -368,7 +368,8 @@ def test_mounts_agree_with_the_overlay_and_the_state(cluster: LocalCluster) -> N
 @pytest.mark.slow
 def test_make_wheel_ships_the_plugin_and_gmount_sh_runs_from_it(cluster: LocalCluster, tmp_path: Path) -> None:
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
-                            "-w", str(tmp_path / "dist"), str(REPO)], check=False, capture_output=True, text=True, timeout=300)
+                            "-w", str(tmp_path / "dist"), str(REPO)],
+                           check=False, capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr
     wheel = next((tmp_path / "dist").glob("gmountpy-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
@@ -383,8 +384,8 @@ def test_make_wheel_ships_the_plugin_and_gmount_sh_runs_from_it(cluster: LocalCl
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
-                                "-q", "--no-deps", "--no-index", str(wheel)], check=False, capture_output=True, text=True,
-                               timeout=300)
+                                "-q", "--no-deps", "--no-index", str(wheel)],
+                               check=False, capture_output=True, text=True, timeout=300)
     assert installed.returncode == 0, installed.stderr
     mk = next(venv.glob("lib/python*/site-packages/gmountpy_make/gmount.mk"))
     wf = "wf-wheel"

@@ -342,13 +342,13 @@ def test_callout_failures_say_why_and_answer_none(api: Cluster, data: str, tmp_p
     text = request("mProject_0", ["raw/tile0.fits"], ["n1", "n2"])
     lines = prepared.properties.read_text().splitlines()
     no_cluster = tmp_path / "no-cluster.properties"
-    no_cluster.write_text("\n".join(l for l in lines if "GMOUNT_CLUSTER" not in l) + "\n")
+    no_cluster.write_text("\n".join(line for line in lines if "GMOUNT_CLUSTER" not in line) + "\n")
     status, out, err, _ = planner_call(no_cluster, text, tmp_path)
     assert status == 1 and solution(out) == "NONE" and "GMOUNT_CLUSTER is not set" in err
 
     stopped = tmp_path / "stopped.properties"
-    stopped.write_text("\n".join(l.replace(f"GMOUNT_CLUSTER = {api.name}", "GMOUNT_CLUSTER = not-running")
-                                 for l in lines) + "\n")
+    stopped.write_text("\n".join(line.replace(f"GMOUNT_CLUSTER = {api.name}", "GMOUNT_CLUSTER = not-running")
+                                 for line in lines) + "\n")
     status, out, err, _ = planner_call(stopped, text, tmp_path)
     assert status == 1 and solution(out) == "NONE" and "job mProject_0" in err and "not-running" in err
 
