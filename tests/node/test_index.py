@@ -63,12 +63,30 @@ SITE_OF = {"n1": "tsukuba", "n2": "tsukuba", "n3": "hongo", "n4": "hongo"}
 
 
 def homed_at(homes: Homes, node: str, prefix: str = "/d") -> str:
-    """A directory path whose home is `node` (to place the home deliberately in a test)."""
+    """A directory path whose hashed home is `node` (the root's rule)."""
     for i in range(1000):
         candidate = f"{prefix}{i}"
         if homes.home(candidate) == node:
             return candidate
     raise AssertionError(f"no directory homed at {node}")
+
+
+def found_at(homes: Homes, node: str, holders: list[str], prefix: str = "/d") -> str:
+    """A directory path that, found on `holders`' disks, is homed at `node` (Homes.of_holders)."""
+    for i in range(1000):
+        candidate = f"{prefix}{i}"
+        if homes.of_holders(candidate, holders) == node:
+            return candidate
+    raise AssertionError(f"no directory on {holders} homed at {node}")
+
+
+def made_at(homes: Homes, node: str, creator: str, prefix: str = "/d") -> str:
+    """A directory path that, made by `creator` through the mount, is homed at `node`."""
+    for i in range(1000):
+        candidate = f"{prefix}{i}"
+        if homes.of_creator(candidate, creator) == node:
+            return candidate
+    raise AssertionError(f"no directory made by {creator} homed at {node}")
 
 
 # ------------------------------------------------------------------ home choice
@@ -115,6 +133,24 @@ def test_central_puts_every_directory_on_one_node() -> None:
         Homes(())
 
 
+def test_creator_and_holder_homes_stay_at_one_site() -> None:
+    homes = Homes(NODES, SITE_OF)
+    for i in range(200):
+        directory = f"/made/{i}"
+        for creator in NODES:
+            home = homes.of_creator(directory, creator)
+            assert SITE_OF[home] == SITE_OF[creator]
+            backup = homes.backup(directory, home)
+            assert backup is not None and backup != home and SITE_OF[backup] == SITE_OF[home]
+            # a directory found only on its creator's disk gets the home its mkdir would have given
+            assert homes.of_holders(directory, [creator]) == home
+        assert homes.of_holders(directory, list(NODES)) == homes.of_holders(directory, list(reversed(NODES)))
+    spread = Counter(homes.of_creator(f"/s{i}", "n3") for i in range(400))
+    assert set(spread) == {"n3", "n4"} and min(spread.values()) > 120  # the site's nodes share the work
+    assert Homes(NODES, SITE_OF, central="n2").of_creator("/x", "n3") == "n2"
+    assert homes.of_holders("/x", []) == homes.home("/x")
+
+
 def test_split_parent() -> None:
     assert split_parent("/a") == ("/", "a")
     assert split_parent("/a/b/c") == ("/a/b", "c")
@@ -147,7 +183,7 @@ async def test_local_hit_costs_no_message(tmp_path: Path) -> None:
 @trio_test
 async def test_remote_hit_and_miss_cost_one_message_to_the_home(tmp_path: Path) -> None:
     async with open_cluster(tmp_path, lookup="index") as cluster:
-        directory = homed_at(homes_of(cluster), "n2")
+        directory = found_at(homes_of(cluster), "n2", ["n1", "n3"])
         cluster["n3"].put(f"{directory}/far", b"far away")
         cluster["n1"].mkdir(directory)
         ns = cluster["n1"].namespace
@@ -179,7 +215,7 @@ async def test_flood_miss_asks_every_other_node(tmp_path: Path) -> None:
 @trio_test
 async def test_create_is_one_round_trip_to_the_home_and_stays_local(tmp_path: Path) -> None:
     async with open_cluster(tmp_path, lookup="index") as cluster:
-        directory = homed_at(homes_of(cluster), "n4")
+        directory = found_at(homes_of(cluster), "n4", list(NODES))
         for node in NODES:
             cluster[node].mkdir(directory)
         ns = cluster["n1"].namespace
@@ -193,15 +229,21 @@ async def test_create_is_one_round_trip_to_the_home_and_stays_local(tmp_path: Pa
         assert total(cluster) == 2 and cluster["n4"].served["index_set"] == 1
         assert cluster.holders(f"{directory}/new") == ["n1"]
         cluster.reset_counts()
+        assert (await cluster["n3"].namespace.lookup(directory)).node == "n3"  # its own: 0 messages
         located = await cluster["n3"].namespace.lookup(f"{directory}/new")
+        # n3 learns the directory's home from the root's home first (its own copy told it nothing)
         assert (located.node, located.attr.size) == ("n1", len(b"data stays here"))
-        assert total(cluster) == 1
+        assert total(cluster) == 2
+        cluster.reset_counts()
+        with pytest.raises(FileNotFoundError):
+            await cluster["n3"].namespace.lookup(f"{directory}/other")
+        assert total(cluster) == 1  # the home is known now: one round trip
 
 
 @trio_test
 async def test_create_revokes_the_not_found_every_node_was_given(tmp_path: Path) -> None:
     async with open_cluster(tmp_path, lookup="index") as cluster:
-        directory = homed_at(homes_of(cluster), "n2")
+        directory = found_at(homes_of(cluster), "n4", ["n3"])
         cluster["n3"].mkdir(directory)
         path = f"{directory}/out"
         for node in ("n1", "n2", "n4"):
@@ -209,9 +251,9 @@ async def test_create_revokes_the_not_found_every_node_was_given(tmp_path: Path)
                 await cluster[node].namespace.lookup(path)  # leased "not found" (60 s)
         cluster.reset_counts()
         handle = await cluster["n3"].namespace.create(path, os.O_WRONLY, 0o644)
-        # n3 -> n2 (claim); n2 -> n1, n4 ("created": the leases n2 handed out); n2 is the home itself
-        assert cluster["n2"].served["index_claim"] == 1
-        assert cluster.served("created") == {"n1": 1, "n2": 0, "n3": 0, "n4": 1}
+        # n3 -> n4 (claim); n4 -> n1, n2 ("created": the leases n4 handed out); n4 is the home itself
+        assert cluster["n4"].served["index_claim"] == 1
+        assert cluster.served("created") == {"n1": 1, "n2": 1, "n3": 0, "n4": 0}
         await cluster["n3"].namespace.write(handle, 0, b"made on n3")
         await cluster["n3"].namespace.release(handle)
         for node in ("n1", "n2", "n4"):
@@ -263,9 +305,9 @@ async def test_unlink_rename_rmdir_keep_the_index_exact(tmp_path: Path) -> None:
 @trio_test
 async def test_files_put_straight_into_an_export_reach_the_home_at_the_next_scan(tmp_path: Path) -> None:
     async with open_cluster(tmp_path, lookup="index") as cluster:
-        directory = homed_at(homes_of(cluster), "n2")
+        directory = found_at(homes_of(cluster), "n4", ["n3"])
         cluster["n3"].mkdir(directory)
-        for node in ("n1", "n4"):
+        for node in ("n1", "n2"):
             with pytest.raises(FileNotFoundError):
                 await cluster[node].namespace.lookup(f"{directory}/copied")  # leased "not found"
         (cluster["n3"].path(directory) / "copied").write_bytes(b"cp'd in")  # behind everyone's back
@@ -273,9 +315,9 @@ async def test_files_put_straight_into_an_export_reach_the_home_at_the_next_scan
         assert watcher is not None
         cluster.reset_counts()
         assert await watcher.scan() == 1  # one directory changed: its listing goes to its home
-        assert cluster["n2"].served["index_sync"] == 1
-        assert cluster.served("created") == {"n1": 1, "n2": 0, "n3": 0, "n4": 1}  # the leases revoked
-        for node in ("n1", "n4"):
+        assert cluster["n4"].served["index_sync"] == 1
+        assert cluster.served("created") == {"n1": 1, "n2": 1, "n3": 0, "n4": 0}  # the leases revoked
+        for node in ("n1", "n2"):
             assert (await cluster[node].namespace.lookup(f"{directory}/copied")).node == "n3"
         cluster.reset_counts()
         assert await watcher.scan() == 0 and total(cluster) == 0  # nothing changed: nothing sent
@@ -287,14 +329,20 @@ async def test_files_put_straight_into_an_export_reach_the_home_at_the_next_scan
 
 
 @trio_test
-async def test_dead_home_falls_back_to_asking_every_node(tmp_path: Path) -> None:
+async def test_dead_home_and_dead_backup_fall_back_to_asking_every_node(tmp_path: Path) -> None:
     async with open_cluster(tmp_path, lookup="index", retry_after=0.3) as cluster:
-        directory = homed_at(homes_of(cluster), "n4")
-        cluster["n3"].put(f"{directory}/kept", b"k")
-        cluster.stop("n4")
-        await trio.sleep(0.05)
+        homes = homes_of(cluster)
+        directory = found_at(homes, "n4", ["n2", "n3"])
+        assert homes.backup(directory, "n4") == "n3"
+        cluster["n2"].put(f"{directory}/kept", b"k")
+        cluster["n3"].mkdir(directory)
         ns = cluster["n1"].namespace
-        assert (await ns.lookup(f"{directory}/kept")).node == "n3"  # found by the search
+        assert (await ns.lookup(f"{directory}/kept")).node == "n2"  # n1 knows the home now
+        cluster.stop("n4")
+        cluster.stop("n3")
+        await trio.sleep(0.05)
+        cluster["n1"].locator.invalidate(f"{directory}/kept")
+        assert (await ns.lookup(f"{directory}/kept")).node == "n2"  # found by the search
         with pytest.raises(AbsentForNow):  # ENOENT that neither daemon nor kernel keeps
             await ns.lookup(f"{directory}/missing")
         handle = await ns.create(f"{directory}/made", os.O_WRONLY, 0o644)  # creates still work
@@ -308,7 +356,7 @@ async def test_dead_home_falls_back_to_asking_every_node(tmp_path: Path) -> None
 async def test_holder_down_is_eio_at_open_not_absence(tmp_path: Path) -> None:
     """With an index the home answers the lookup; the dead holder's EIO comes at open."""
     async with open_cluster(tmp_path, lookup="index", retry_after=0.3) as cluster:
-        directory = homed_at(homes_of(cluster), "n2")
+        directory = found_at(homes_of(cluster), "n4", ["n3"])
         cluster["n3"].put(f"{directory}/held", b"x")
         assert (await cluster["n1"].namespace.lookup(f"{directory}/held")).node == "n3"
         cluster.stop("n3")
@@ -344,6 +392,191 @@ async def test_central_sends_every_index_request_to_one_node(tmp_path: Path) -> 
                                     if op.startswith("index_") and op != "index_listdir")
                           for name, node in cluster.nodes.items()}
         assert index_requests["n1"] >= 2 and index_requests["n2"] == index_requests["n3"] == 0
+
+
+async def known_home(cluster: Cluster, node: str, directory: str) -> str | None:
+    locator = cluster[node].locator
+    assert isinstance(locator, IndexLocator)
+    return await locator.home_of(directory)
+
+
+@trio_test
+async def test_mkdir_homes_the_directory_at_the_creators_site(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        homes = homes_of(cluster)
+        ns = cluster["n3"].namespace
+        top = made_at(homes, "n4", "n3", "/top")  # homed at n4, the creator n3's site-mate
+        await ns.mkdir(top, 0o755)
+        sub = made_at(homes, "n4", "n3", f"{top}/sub")
+        cluster.reset_counts()
+        await ns.mkdir(sub, 0o755)
+        # the claim at top's home n4 (seeded empty by top's mkdir: no listing of every node), which
+        # copies the new record to its backup n3; then n3 seeds sub's index at its home n4
+        assert total(cluster) == 3
+        assert cluster["n4"].served["index_claim"] == 1 and cluster["n3"].served["index_records"] == 1
+        assert cluster["n4"].served["index_seed"] == 1
+        cluster.reset_counts()
+        with pytest.raises(FileNotFoundError):
+            await ns.lookup(f"{sub}/missing")  # n3 knows the home it made: one round trip, intra-site
+        assert total(cluster) == 1 and cluster["n4"].served["index_lookup"] == 1
+        cluster.reset_counts()
+        handle = await ns.create(f"{sub}/out", os.O_WRONLY | os.O_EXCL, 0o644)
+        await ns.release(handle)
+        assert cluster.served("index_claim") == {"n1": 0, "n2": 0, "n3": 0, "n4": 1}
+        # every node agrees where the homes are (n1 asks top's home for sub's once, then knows)
+        for node in NODES:
+            assert await known_home(cluster, node, top) == "n4"
+            assert await known_home(cluster, node, sub) == "n4"
+        cluster.reset_counts()
+        assert (await cluster["n1"].namespace.lookup(f"{sub}/out")).node == "n3"
+        assert total(cluster) == 1 and cluster["n4"].served["index_lookup"] == 1
+        # a directory n1 makes under n3's gets a home at n1's site
+        other = made_at(homes, "n2", "n1", f"{top}/theirs")
+        await cluster["n1"].namespace.mkdir(other, 0o755)
+        for node in NODES:
+            assert await known_home(cluster, node, other) == "n2"
+
+
+@trio_test
+async def test_directory_found_in_exports_is_homed_over_its_holders(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        homes = homes_of(cluster)
+        directory = found_at(homes, "n3", ["n3", "n4"], "/found")
+        cluster["n3"].put(f"{directory}/a", b"a")
+        cluster["n4"].put(f"{directory}/b", b"b")
+        for node in NODES:
+            assert await known_home(cluster, node, directory) == "n3"
+        with pytest.raises(FileNotFoundError):
+            await cluster["n2"].namespace.lookup(f"{directory}/warm-up")  # n3 lists it from every node once
+        cluster.reset_counts()
+        assert (await cluster["n1"].namespace.lookup(f"{directory}/b")).node == "n4"
+        assert total(cluster) == 1 and cluster["n3"].served["index_lookup"] == 1
+        assert await known_home(cluster, "n1", f"{directory}/a") is None  # a file has no home
+
+
+@trio_test
+async def test_readdir_is_one_message_to_the_home_then_none_under_the_lease(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        homes = homes_of(cluster)
+        directory = found_at(homes, "n2", ["n1", "n3", "n4"], "/listed")
+        cluster["n1"].put(f"{directory}/one", b"1")
+        cluster["n3"].put(f"{directory}/three", b"333")
+        cluster["n4"].put(f"{directory}/four", b"4444")
+        cluster["n4"].put(f"{directory}/one", b"twin on n4")
+        cluster["n3"].mkdir(f"{directory}/sub")
+        ns = cluster["n1"].namespace
+        assert await known_home(cluster, "n1", directory) == "n2"
+        with pytest.raises(FileNotFoundError):
+            await cluster["n4"].namespace.lookup(f"{directory}/warm-up")  # n2 lists it from every node once
+        cluster.reset_counts()
+        listing = await ns.merged_listing(directory)
+        assert total(cluster) == 1 and cluster["n2"].served["index_list"] == 1
+        got = {e.name: (e.location.node, e.location.attr.size, e.holders) for e in listing.entries}
+        assert {name: (node, holders) for name, (node, _, holders) in got.items()} == {
+            "one": ("n1", ("n1", "n4")), "three": ("n3", ("n3",)), "four": ("n4", ("n4",)), "sub": ("n3", ("n3",))}
+        assert got["four"][1] == 4 and listing.unreachable == []
+        cluster.reset_counts()
+        assert [e.name for e in (await ns.merged_listing(directory)).entries] == [e.name for e in listing.entries]
+        assert total(cluster) == 0  # under the listing lease
+        # the subdirectory's home came with the listing: a lookup in it asks that home only
+        # (plus, this once, that home listing the subdirectory from every node)
+        with pytest.raises(FileNotFoundError):
+            await ns.lookup(f"{directory}/sub/missing")
+        assert sum(cluster.served("index_lookup").values()) == 1 and cluster["n2"].served["index_lookup"] == 0
+        # a create elsewhere revokes the lease before it returns; the next listing shows it
+        cluster.reset_counts()
+        handle = await cluster["n4"].namespace.create(f"{directory}/new", os.O_WRONLY | os.O_EXCL, 0o644)
+        await cluster["n4"].namespace.release(handle)
+        assert cluster["n1"].served["index_unlist"] == 1
+        cluster.reset_counts()
+        assert "new" in [e.name for e in (await ns.merged_listing(directory)).entries]
+        assert total(cluster) == 1
+        # a change made here drops this node's own copy (no message needed for that)
+        handle = await ns.create(f"{directory}/mine", os.O_WRONLY | os.O_EXCL, 0o644)
+        await ns.release(handle)
+        assert "mine" in [e.name for e in (await ns.merged_listing(directory)).entries]
+
+
+@trio_test
+async def test_flood_readdir_asks_every_node(tmp_path: Path) -> None:
+    """The baseline: every listing asks each other node."""
+    async with open_cluster(tmp_path, lookup="flood") as cluster:
+        cluster["n3"].put("/listed/x", b"x")
+        cluster.reset_counts()
+        await cluster["n1"].namespace.merged_listing("/listed")
+        await cluster["n1"].namespace.merged_listing("/listed")
+        assert total(cluster) == 6
+
+
+def fresh_index(cluster: Cluster, name: str) -> DirectoryIndex:
+    """A restarted daemon's index: empty (its records and leases died with the process)."""
+    node = cluster[name]
+    old = node.index
+    assert old is not None and old.homes is not None
+    node.index = DirectoryIndex(node.pool, old.order, lease=old.lease, homes=old.homes)
+    node.extra.update(node.index.operations())
+    locator = node.locator
+    assert isinstance(locator, IndexLocator)
+    locator.index = node.index
+    return node.index
+
+
+@trio_test
+async def test_home_killed_the_backup_at_its_site_takes_over_and_the_home_converges_after_restart(
+        tmp_path: Path) -> None:
+    async with open_cluster(tmp_path, lookup="index", retry_after=30.0) as cluster:
+        homes = homes_of(cluster)
+        directory = found_at(homes, "n4", ["n2", "n3"], "/failover")
+        assert homes.backup(directory, "n4") == "n3"
+        cluster["n2"].put(f"{directory}/kept", b"kept on n2")
+        cluster["n3"].mkdir(directory)
+        ns = cluster["n1"].namespace
+        assert (await ns.lookup(f"{directory}/kept")).node == "n2"  # n1 knows the home n4
+        assert cluster["n3"].index is not None
+        cluster["n3"].index.backup_refresh = 60.0  # no re-listing in the middle of the counted steps
+        cluster.stop("n4")  # kill -9: its port refuses, its index is gone
+        fresh_index(cluster, "n4")
+        await trio.sleep(0.05)
+        with pytest.raises(AbsentForNow):  # the miss is answered (by the backup), not kept anywhere
+            await ns.lookup(f"{directory}/missing")
+        assert cluster["n3"].served["index_backup"] == 1
+        cluster.reset_counts()
+        with pytest.raises(AbsentForNow):
+            await ns.lookup(f"{directory}/missing-too")
+        assert total(cluster) == 1 and cluster["n3"].served["index_backup"] == 1  # n4 known down: straight to n3
+        cluster.reset_counts()
+        ns_locator = cluster["n1"].locator
+        ns_locator.invalidate(f"{directory}/kept")
+        assert (await ns.lookup(f"{directory}/kept")).node == "n2"
+        assert total(cluster) == 1 and cluster["n3"].served["index_backup"] == 1
+        cluster.reset_counts()
+        handle = await ns.create(f"{directory}/made", os.O_WRONLY | os.O_EXCL, 0o644)
+        await ns.write(handle, 0, b"made during the outage")
+        await ns.release(handle)
+        # claim and close, each one round trip to the stand-in, which tells every node of the create
+        # (it cannot know whom the dead home had told "not found")
+        assert cluster["n3"].served["index_backup"] == 2 and cluster["n2"].served["created"] == 1
+        await ns.mkdir(f"{directory}/sub", 0o755)
+        assert isinstance(ns_locator, IndexLocator) and ns_locator.fallbacks == 0
+        for node in ("n2", "n3"):
+            found = await cluster[node].namespace.lookup(f"{directory}/made")
+            assert (found.node, found.attr.size) == ("n1", len(b"made during the outage"))
+        # n4 comes back with an empty index: it lists the directory again, takes the subdirectory's
+        # home from its backup, and hands out leases again
+        await cluster.restart("n4")
+        for node in NODES:
+            cluster[node].pool.set_peers(cluster.addresses())
+            cluster[node].locator.forget_all()
+        await ns_locator.flush_owed()
+        cluster.reset_counts()
+        assert (await cluster["n2"].namespace.lookup(f"{directory}/made")).node == "n1"
+        assert cluster["n4"].served["index_lookup"] >= 1 and cluster["n3"].served["index_backup"] == 0
+        with pytest.raises(FileNotFoundError) as info:
+            await cluster["n2"].namespace.lookup(f"{directory}/still-missing")
+        assert not isinstance(info.value, AbsentForNow)  # leased again
+        assert await known_home(cluster, "n2", f"{directory}/sub") == homes.of_creator(f"{directory}/sub", "n1")
+        names = {e.name for e in (await cluster["n2"].namespace.merged_listing(directory)).entries}
+        assert names == {"kept", "made", "sub"}
 
 
 # ------------------------------------------------- DirectoryIndex alone (a fake network of one home)
@@ -503,14 +736,17 @@ class IndexNetwork(RuleBasedStateMachine):
                 [n for n in NODES if SITE_OF[n] != SITE_OF[node]]
         tiers = [(node,), tuple(order[1:2]), tuple(order[2:])]
         # rescan 0: never list again by age, so only the owed rebuilds can repair what a lost message missed
-        self.indexes[node] = DirectoryIndex(peers, order, lease=IndexLocator.lease_for(NEGATIVE_TTL), rescan=0)
-        self.locators[node] = IndexLocator(peers, tiers, Homes(NODES, SITE_OF), ttl=TTL, negative_ttl=NEGATIVE_TTL)
+        self.indexes[node] = DirectoryIndex(peers, order, lease=IndexLocator.lease_for(NEGATIVE_TTL), rescan=0,
+                                            homes=Homes(NODES, SITE_OF))
+        self.locators[node] = IndexLocator(peers, tiers, Homes(NODES, SITE_OF), ttl=TTL, negative_ttl=NEGATIVE_TTL,
+                                           index=self.indexes[node])
         self.watchers[node] = ExportWatcher(peers, Homes(NODES, SITE_OF))
         namespace = self.namespaces[node] = Namespace(node, SITE_OF, self.exports[node], peers,  # type: ignore[arg-type]
                                                       self.locators[node])
         self.extras[node].clear()
         self.extras[node].update(self.indexes[node].operations())
         self.extras[node].update(self.watchers[node].operations())
+        self.extras[node].update(self.locators[node].operations())
         self.extras[node]["created"] = namespace.created_elsewhere
 
     def teardown(self) -> None:
@@ -815,10 +1051,10 @@ def test_mount_rotating_writers_make_no_twins(mounted: LocalCluster) -> None:
 
 
 def test_mount_miss_remote_hit_and_create_cost_at_most_one_message(mounted: LocalCluster) -> None:
-    homes = Homes(tuple(mounted.spec.nodes))
-    directory = homed_at(homes, "n2", f"/counted-{uuid.uuid4().hex[:6]}-")
+    homes = Homes(tuple(mounted.spec.nodes), {n: s.site for n, s in mounted.spec.nodes.items()})
+    directory = made_at(homes, "n2", "n1", f"/counted-{uuid.uuid4().hex[:6]}-")
     top = mounted.mount("n1") / directory.lstrip("/")
-    top.mkdir()  # on n1: its own lookups of the directory cost nothing
+    top.mkdir()  # on n1, so homed at n1's site: n1 knows the home without asking
     _write(mounted, "n3", f"{directory.lstrip('/')}/far", b"held by n3")
     assert not (top / "warm-up").exists()
 
