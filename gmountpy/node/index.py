@@ -273,7 +273,7 @@ class DirectoryIndex:
         return {"index_lookup": self.op_lookup, "index_claim": self.op_claim, "index_set": self.op_set,
                 "index_drop": self.op_drop, "index_replace": self.op_replace, "index_forget": self.op_forget,
                 "index_sync": self.op_sync, "index_list": self.op_list, "index_backup": self.op_backup,
-                "index_records": self.op_records, "index_seed": self.op_seed}
+                "index_records": self.op_records, "index_seed": self.op_seed, "index_adopt": self.op_adopt}
 
     def forget_all(self) -> None:
         """Drop every built directory (a node restarted: its export may differ); leases are kept."""
@@ -350,6 +350,9 @@ class DirectoryIndex:
                 _apply(entries, change)
             built = _Directory(entries, started, tuple(sorted(missing)), bool(listings))
             await self._settle_homes(directory, entries)
+            for name in [name for name in self._negatives.get(directory, {}) if entries.get(name)]:
+                # told "not found" before this listing (by an index since forgotten): no more
+                await self._revoke(directory, name, any(h.is_dir for h in entries[name].values()), but=None)
             if directory in self._outdated:
                 self._outdated.discard(directory)
                 return built  # good enough for this caller (it asked before the change); not kept
@@ -520,6 +523,21 @@ class DirectoryIndex:
         if names is not None and not names:
             del self._home_leases[directory]
         await self._tell(leases or {}, "index_unhome", [_join(directory, name)], but=None)
+
+    async def op_adopt(self, directory: str, node: str) -> None:
+        """`directory` appeared on `node` outside the mount (its parent's home saw it in a sync):
+        list it there now -- which also has `node` watch it -- and revoke the "not found"
+        handed out for what it holds."""
+        if directory not in self._dirs:
+            await self._directory(directory)  # a build lists every node, `node` included
+            return
+        try:
+            listing = await self._list(node, directory)
+        except OSError as exc:
+            log.info("could not list %s on %s: %s", directory, node, exc)
+            self.forget([directory])
+            return
+        await self.op_sync(directory, node, listing or [])
 
     async def op_seed(self, directory: str) -> None:
         """`directory` was just made by a mkdir through the mount (its name was new everywhere):
@@ -737,6 +755,11 @@ class DirectoryIndex:
             attr = Attr.from_wire(entry[1])
             seen[str(entry[0])] = _Holder(attr.is_dir, attr, str(entry[2]) if len(entry) > 2 else None)
         new_names = [name for name in seen if not current.entries.get(name)]
+        # a subdirectory that appeared on `node` outside the mount: its home (seeded empty by a
+        # mkdir, or built before) has not listed it there -- it lists it again when next asked
+        appeared = [name for name, holder in seen.items()
+                    if holder.is_dir and node not in current.entries.get(name, {})
+                    and name in self._child_homes.get(directory, {})]
         changed: list[str] = list(new_names)
         for name, holders in list(current.entries.items()):
             holder = holders.get(node)
@@ -749,6 +772,12 @@ class DirectoryIndex:
         for name in new_names:
             await self._revoke(directory, name, seen[name].is_dir, but=None)
         await self._changed(directory, changed, but=None)
+        for name in appeared:
+            child, home = _join(directory, name), self._child_homes[directory][name]
+            try:
+                await self._peers.call(home, "index_adopt", child, node, timeout=self.ask_timeout)
+            except OSError as exc:
+                log.info("could not tell %s, the home of %s, that it appeared on %s: %s", home, child, node, exc)
 
     async def op_forget(self, prefixes: list[str]) -> None:
         """Directories under `prefixes` changed wholesale (renamed, removed, or a change failed
@@ -1394,11 +1423,11 @@ class IndexLocator:
         """A mkdir here: tell the new directory's home (at this site) that it starts empty, so
         the first lookup or create in it does not make the home list every node."""
         cached = self._homes.get(directory)
-        if cached is None or cached[0] == self._peers.me:
-            if cached is not None and self.index is not None:
-                await self.index.op_seed(directory)
+        if cached is None:
             return
         try:
+            # this export's copy is watched like a listed one (files copied into it reach the home)
+            await self._peers.call(self._peers.me, "index_listdir", directory, cached[0])
             await self._home_call(cached[0], "index_seed", directory)
         except OSError as exc:
             log.info("could not tell %s that the new directory %s is empty: %s", cached[0], directory, exc)

@@ -936,6 +936,59 @@ class IndexNetwork(RuleBasedStateMachine):
             self.locators[other].forget_all()
             self.indexes[other].forget_all()
 
+    @rule(down=st.sampled_from(NODES), node=st.sampled_from(NODES), path=st.sampled_from(PATHS),
+          data=st.binary(max_size=20), make_dir=st.booleans())
+    def crash_for_a_while_then_restart(self, down: str, node: str, path: str, data: bytes, make_dir: bool) -> None:
+        """kill -9 of a node -- a home, a backup, a holder -- for a while: a create (or mkdir) of a
+        new name from another node still works (through the backup, else by asking every node),
+        every lookup from it is answered (misses included) for what live nodes hold; then the node
+        comes back with an empty index and caches, and everything converges (the invariant)."""
+        if node == down:
+            return
+        holders, _ = self._disk()
+        creatable = self._parent_ok(path) and path not in self.files and path not in self.dirs
+        ns = self.namespaces[node]
+        outcome: list[BaseException | None] = [None]
+
+        async def outage() -> None:
+            if creatable:
+                try:
+                    if make_dir:
+                        await ns.mkdir(path, 0o755)
+                    else:
+                        handle = await ns.create(path, os.O_WRONLY | os.O_EXCL, 0o644)
+                        try:
+                            await ns.write(handle, 0, data)
+                        finally:
+                            await ns.release(handle)
+                except OSError as exc:
+                    outcome[0] = exc
+            live_files = {p for p, nodes in holders.items() if any(n != down for n in nodes)}
+            if creatable and outcome[0] is None and not make_dir:
+                live_files.add(path)
+            for other in PATHS:
+                try:
+                    location = await ns.lookup(other)
+                except FileNotFoundError:
+                    assert other not in live_files, f"{node} does not see {other} while {down} is down"
+                    continue
+                except OSError as exc:  # EIO: held by the node that is down, and only by it
+                    assert other not in live_files, f"{node}: {other} is on a live node, yet {exc!r}"
+                    continue
+                if other in live_files:
+                    assert location.attr.is_file, (node, other, location)
+
+        self.net.cut, self.net.lose_replies = down, False
+        try:
+            trio.run(outage, clock=self.clock)
+        finally:
+            self.net.cut = None
+        error = outcome[0]
+        assert error is None, f"{node} could not make {path} (new everywhere) while {down} was down: {error!r}"
+        self.restart(down)
+        self.faulty = True
+        self._model_from_disk()  # what the create did is what the disks say
+
     # -- the check ------------------------------------------------------------------
 
     async def _check_one(self, node: str, path: str) -> None:
