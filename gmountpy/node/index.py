@@ -1,12 +1,27 @@
 """Lookups that never flood: a homed directory index behind the `Locator` seam (issue 13).
 
-Every directory has a **home** node, chosen by rendezvous hashing of the
-directory's path over all nodes (`lookup = "index"`), or one fixed node for
+Every directory has a **home** node (`lookup = "index"`), or one fixed node for
 every directory (`lookup = "central"`, the central-metadata baseline). The
 home keeps the exact index of that directory -- name -> holders, each with
-its attributes -- and answers three questions in one round trip: who holds
-this name (`index_lookup`), may this node create it (`index_claim`), and
-here is a change (`index_set`, `index_drop`, `index_replace`, `index_forget`).
+its attributes -- and answers in one round trip: who holds this name
+(`index_lookup`), the whole directory (`index_list`), may this node create it
+(`index_claim`), and here is a change (`index_set`, `index_drop`,
+`index_replace`, `index_forget`).
+
+Where homes are (`Homes`). The issue asked for rendezvous hashing of the path
+over all nodes, "preferring the creator's site". Hashing over all nodes puts
+3 of 4 directories of a 2-site cluster at the other site; so here a directory
+made by a mkdir through the mount is homed at its creator's site (rendezvous
+over that site's nodes), and one found in the exports at the site of its
+holders' rendezvous winner (the same answer while only its creator holds it).
+Such a home cannot be computed from the path, so it is *recorded* in the
+parent's index: the parent's home returns it with the lookup (or listing) of
+the directory and leases it to the asker (`home_lease`, a minute; revoked by
+`index_unhome` when the directory is removed or renamed); the records are
+copied to the parent home's backup. Only the root's home is hashed. The
+kernel looks a directory up before any name in it, so once a node has seen a
+directory a lookup in it is one round trip to one node; a node that only ever
+saw the directory in its own export asks the parent's home once first.
 
 A node looks a path up in its own export first (0 messages), then in its
 short caches (0), then asks the home (1 round trip); a miss is the home's
@@ -14,18 +29,29 @@ negative answer, never a search of every node. A negative answer is a
 *lease*: the home remembers who was told "not found" and, before a claim or a
 new name returns, tells those nodes (the `created` operation, which also
 drops the kernel's negative entries). So hand-off rule 1 holds with one round
-trip per create.
+trip per create. Listings are leased the same way (about a second; any change
+in the directory revokes them with `index_unlist`).
 
 The index is soft state. A home builds a directory's index on first demand by
-asking every node once for its listing of that directory, and again when it
-is older than `tuning.index_rescan` seconds: files written straight into an
-export (outside the mount) are seen by other nodes within that time (at once
-on their own node, whose export is read first). Changes that arrive while a
+asking every node once for its listing of that directory (a directory just
+made by a mkdir through the mount is *seeded* empty instead: `index_seed`),
+and again when it is older than `tuning.index_rescan` seconds: files written
+straight into an export (outside the mount) reach the home at that node's
+next export scan (ExportWatcher), at the latest after the rescan (at once on
+their own node, whose export is read first). Changes that arrive while a
 directory is being built are replayed over the listings; claims not yet
-visible on disk survive a rebuild. When a home cannot be reached, a node
-falls back to GMount's search (FloodLocator) and answers misses with an
-uncacheable ENOENT; the changes it made meanwhile are owed to that home,
-which is told to rebuild those directories before it is asked anything else.
+visible on disk survive a rebuild.
+
+A home that does not answer is replaced by its **backup** (the next node of
+its site): the asker sends the request to it as `index_backup`; the backup
+lists the directory from the exports (the dead home's own files are out of
+everyone's reach), answers without leases, and tells every node of each new
+name (it cannot know whom the dead home had told "not found"). Changes made
+through the backup are owed to the home, which lists those directories again
+when it answers again (a restarted home takes the homes of new
+subdirectories from its backup). Only when the backup does not answer either
+does a node fall back to GMount's search (FloodLocator), with an uncacheable
+ENOENT for misses.
 """
 
 from __future__ import annotations
