@@ -219,6 +219,7 @@ class _Directory:
     built_at: float
     missing: tuple[str, ...]  # nodes that could not be listed: misses are not definite
     exists: bool = True       # some node listed it (an empty index of a missing directory is not a listing)
+    holders: set[str] = field(default_factory=set)  # nodes whose export has the directory (as far as known)
 
 
 @dataclass(frozen=True)
@@ -254,12 +255,16 @@ class DirectoryIndex:
     `listing_lease`: seconds an asker may keep a whole listing (`index_list`); any change in the
     directory revokes it. `backup_refresh`: a directory served as a backup is listed again
     from the exports when older than this (its home may have been back meanwhile).
+    `verify_misses`: before it answers "no such name" -- to a lookup or a create -- this home
+    asks the other nodes whose export has the directory (not every node): a file copied
+    straight into an export since that node's last scan is then found at once (no ENOENT,
+    no twin), at the cost of those messages on every miss and create (a miss is still leased).
     """
 
     def __init__(self, peers: Peers, order: Sequence[str], *, lease: float, rescan: float = 30.0,
                  revoke_timeout: float = ANNOUNCE_TIMEOUT, ask_timeout: float | None = None,
                  homes: Homes | None = None, home_lease: float | None = None, listing_lease: float = 1.0,
-                 backup_refresh: float = 1.0) -> None:
+                 backup_refresh: float = 1.0, verify_misses: bool = False) -> None:
         home_lease = home_lease_for(lease) if home_lease is None else home_lease
         if lease < 0:
             raise ValueError(f"`lease` must be non-negative, got {lease!r}")
@@ -278,6 +283,7 @@ class DirectoryIndex:
         self.home_lease = home_lease
         self.listing_lease = listing_lease
         self.backup_refresh = backup_refresh
+        self.verify_misses = verify_misses
         # directory -> subdirectory name -> its home. Kept apart from the entries: a rebuild
         # must not move a directory's home (askers hold it under a lease).
         self._child_homes: dict[str, dict[str, str]] = {}
@@ -374,7 +380,7 @@ class DirectoryIndex:
                             entries.setdefault(name, {})[node] = holder
             for change in changes:  # what happened while the listings were taken, in order
                 _apply(entries, change)
-            built = _Directory(entries, started, tuple(sorted(missing)), bool(listings))
+            built = _Directory(entries, started, tuple(sorted(missing)), bool(listings), set(listings))
             await self._settle_homes(directory, entries)
             for name in [name for name in self._negatives.get(directory, {}) if entries.get(name)]:
                 # told "not found" before this listing (by an index since forgotten): no more
@@ -565,13 +571,13 @@ class DirectoryIndex:
             return
         await self.op_sync(directory, node, listing or [])
 
-    async def op_seed(self, directory: str) -> None:
+    async def op_seed(self, directory: str, node: str | None = None) -> None:
         """`directory` was just made by a mkdir through the mount (its name was new everywhere):
         its index starts empty and complete, instead of listing every node at the first lookup.
         Ignored when the index is built already (a create in it came first)."""
         if directory in self._dirs or directory in self._building or directory in self._backing:
             return
-        self._dirs[directory] = _Directory({}, trio.current_time(), ())
+        self._dirs[directory] = _Directory({}, trio.current_time(), (), holders={str(node)} if node else set())
 
     async def op_records(self, directory: str, updates: dict[str, str | None] | None = None) -> dict[str, str]:
         """The copy of a directory's subdirectory homes that its home keeps here, as its backup:
@@ -623,6 +629,8 @@ class DirectoryIndex:
         self._lookups += 1
         backing = self._serving_as_backup(directory)
         holders, complete, pending = await self._resolved(directory, name)
+        if not holders and complete and not pending and self.verify_misses:
+            holders = await self._verify_absent(directory, name, None if asker is None else str(asker))
         lease = 0.0
         if not holders and complete and not pending and asker is not None and self.lease > 0 and not backing:
             names = self._negatives.setdefault(directory, {})
@@ -708,6 +716,11 @@ class DirectoryIndex:
         backing = self._serving_as_backup(directory)
         holders, _, pending = await self._resolved(directory, name)
         others = [h for h in holders if h[0] != node]
+        if exclusive and not others and not pending and self.verify_misses:
+            others = await self._verify_absent(directory, name, str(node))
+        built = self._dirs.get(directory)
+        if built is not None:
+            built.holders.add(str(node))  # a create there makes the directory on `node` (if it lacked it)
         if exclusive and (others or pending):
             if not others:
                 raise OSError(errno.EAGAIN, f"{_join(directory, name)} is being created on another node; "
@@ -723,6 +736,30 @@ class DirectoryIndex:
         await self._revoke(directory, name, bool(is_dir), but=node, everyone=backing)
         await self._changed(directory, [name], but=node)
         return None
+
+    async def _verify_absent(self, directory: str, name: str, asker: str | None) -> list[list[Any]]:
+        """Ask the nodes holding `directory` (but the asker, which looked in its own export) for
+        `name`: what they hold is recorded (as a scan would) and returned."""
+        built = self._dirs.get(directory)
+        path = _join(directory, name)
+        found: list[list[Any]] = []
+
+        async def ask(node: str) -> None:
+            try:
+                value = await self._peers.call(node, "lookup", path, timeout=self.ask_timeout)
+            except OSError as exc:
+                log.info("could not ask %s whether it holds %s: %s", node, path, exc)
+                return
+            if value is not None:
+                attr = Attr.from_wire(value)
+                self._change(directory, (name, node, _Holder(attr.is_dir, attr)))
+                found.append([node, attr, None])
+
+        async with open_nursery() as nursery:
+            for node in sorted(built.holders if built is not None else ()):
+                if node != asker and not self._peers.is_down(node):
+                    nursery.start_soon(ask, node)
+        return found
 
     async def op_set(self, directory: str, name: str, node: str, attr: Any, replica_of: str | None = None,
                      is_dir: bool = False) -> None:
@@ -1454,7 +1491,7 @@ class IndexLocator:
         try:
             # this export's copy is watched like a listed one (files copied into it reach the home)
             await self._peers.call(self._peers.me, "index_listdir", directory, cached[0])
-            await self._home_call(cached[0], "index_seed", directory)
+            await self._home_call(cached[0], "index_seed", directory, self._peers.me)
         except OSError as exc:
             log.info("could not tell %s that the new directory %s is empty: %s", cached[0], directory, exc)
 

@@ -510,6 +510,50 @@ async def test_flood_readdir_asks_every_node(tmp_path: Path) -> None:
         assert total(cluster) == 6
 
 
+@trio_test
+async def test_verify_misses_asks_the_directorys_holders_so_a_copied_in_file_is_no_twin(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        directory = found_at(homes_of(cluster), "n4", ["n3", "n4"], "/verified")
+        cluster["n3"].put(f"{directory}/old", b"o")
+        cluster["n4"].mkdir(directory)
+        ns = cluster["n1"].namespace
+        for path in ("copied", "fresh", "fresh-too"):
+            with pytest.raises(FileNotFoundError):
+                await ns.lookup(f"{directory}/{path}")
+        (cluster["n3"].path(directory) / "copied").write_bytes(b"copied in")  # no scan has run yet
+        # by default (until n3's next scan) the home does not know it: the create makes a twin
+        handle = await ns.create(f"{directory}/copied", os.O_WRONLY | os.O_EXCL, 0o644)
+        await ns.release(handle)
+        assert cluster.holders(f"{directory}/copied") == ["n1", "n3"]
+        index = cluster["n4"].index
+        assert index is not None
+        index.verify_misses = True
+        handle = await ns.create(f"{directory}/fresh", os.O_WRONLY | os.O_EXCL, 0o644)
+        await ns.release(handle)
+        (cluster["n3"].path(directory) / "fresh-too").write_bytes(b"copied in too")
+        cluster.reset_counts()
+        with pytest.raises(FileExistsError):
+            await ns.create(f"{directory}/fresh-too", os.O_WRONLY | os.O_EXCL, 0o644)
+        # the claim at n4, and n4 asking n3 (the other node holding the directory; n4 looks itself)
+        assert total(cluster) == 2 and cluster["n3"].served["lookup"] == 1
+        assert cluster.holders(f"{directory}/fresh-too") == ["n3"]
+        assert (await cluster["n2"].namespace.lookup(f"{directory}/fresh-too")).node == "n3"
+        # a lookup miss is checked the same way: the file copied in is found at once
+        (cluster["n3"].path(directory) / "seen-at-once").write_bytes(b"s")
+        cluster.reset_counts()
+        assert (await cluster["n2"].namespace.lookup(f"{directory}/seen-at-once")).node == "n3"
+        # n4 (the home) asks n3 and n1 -- n1 holds the directory too since its creates there
+        assert total(cluster) == 3 and cluster.served("lookup") == {"n1": 1, "n2": 0, "n3": 1, "n4": 0}
+        cluster.reset_counts()
+        with pytest.raises(FileNotFoundError) as info:
+            await cluster["n2"].namespace.lookup(f"{directory}/nowhere")
+        assert not isinstance(info.value, AbsentForNow) and total(cluster) == 3  # checked, then leased
+        cluster.reset_counts()
+        with pytest.raises(FileNotFoundError):
+            await cluster["n2"].namespace.lookup(f"{directory}/nowhere")
+        assert total(cluster) == 0
+
+
 def fresh_index(cluster: Cluster, name: str) -> DirectoryIndex:
     """A restarted daemon's index: empty (its records and leases died with the process)."""
     node = cluster[name]
