@@ -1216,6 +1216,23 @@ def test_mount_readdir_is_one_message_to_the_home_then_none_under_the_lease(moun
     assert "late" in os.listdir(mounted.mount("n1") / rel)
 
 
+def test_mount_directory_made_through_a_mount_is_homed_at_its_creators_site(mounted: LocalCluster) -> None:
+    directory = made_at(_sites(mounted), "n1", "n1", f"/own-{uuid.uuid4().hex[:6]}-")  # homed at n1 itself
+    rel = directory.lstrip("/")
+    (mounted.mount("n1") / rel).mkdir()
+    api = ApiCluster.open(mounted.spec.name)
+    before = api.counters()
+    assert not (mounted.mount("n1") / rel / "missing").exists()
+    _write(mounted, "n1", f"{rel}/made-here", b"x")  # lookup, claim, closing size: all at home, here
+    assert sorted(os.listdir(mounted.mount("n1") / rel)) == ["made-here"]
+    assert sent_by(api.counters(), before) == {}  # a site's own directory: no message at all
+    # a site-mate learns the home once, then a miss is one intra-site message to n1
+    assert not (mounted.mount("n2") / rel / "first").exists()
+    again = api.counters()
+    assert not (mounted.mount("n2") / rel / "second").exists()
+    assert sent_by(api.counters(), again) == {"n2": {"index_lookup": 1}}
+
+
 INDEX_KILL_TUNING = INDEX_TUNING + "\nindex_rescan = 30.0"
 
 
