@@ -8,7 +8,8 @@ through n1's mount, times:
 - `stat remote`: first stat of N distinct files held by n3 (other site);
 - `stat missing`: stat of N distinct names that exist nowhere;
 - `stat local`: first stat of N distinct files held by n1;
-- `create`: open(O_CREAT|O_EXCL) + close of N new names (they land on n1).
+- `create`: open(O_CREAT|O_EXCL) + close of N new names (they land on n1);
+- `readdir`: listing of N/10 distinct directories of 10 files held by n3.
 
 For each row it reports ops/s and messages per operation: the requests all
 daemons sent to other nodes during the row (their `messages_sent` counters),
@@ -48,7 +49,7 @@ SITES = {"tsukuba": ["n1", "n2"], "hongo": ["n3", "n4"]}
 LINK = ("tsukuba", "hongo", 14.0)
 MODES = ("flood", "index", "central")
 CENTRAL = "n3"  # the central metadata node: another site than the measuring node n1, as a server would be
-ROWS = ("stat remote", "stat missing", "stat local", "create")
+ROWS = ("stat remote", "stat missing", "stat local", "create", "readdir")
 
 
 def write_cluster_file(base: Path, name: str, mode: str) -> Path:
@@ -82,6 +83,8 @@ def timed(name: str, paths: list[Path], op: str) -> tuple[float, float]:
                 os.stat(path)
             except FileNotFoundError:
                 pass
+        elif op == "listdir":
+            os.listdir(path)
         else:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
     seconds = time.perf_counter() - start
@@ -104,6 +107,11 @@ def run_mode(mode: str, files: int, repeats: int, base: Path, holder: dict[str, 
                 os.close(os.open(d / f"f{i:05d}", os.O_CREAT | os.O_WRONLY, 0o644))
         for row in ("missing", "create"):
             (export["n1"] / "bench" / row / f"r{r}").mkdir(parents=True)
+        for j in range(max(1, files // 10)):
+            d = export["n3"] / "bench" / "lists" / f"r{r}" / f"d{j:04d}"
+            d.mkdir(parents=True)
+            for i in range(10):
+                os.close(os.open(d / f"f{i}", os.O_CREAT | os.O_WRONLY, 0o644))
     holder["name"] = name
     state = launch.up(spec)
     holder["state"] = state
@@ -118,6 +126,10 @@ def run_mode(mode: str, files: int, repeats: int, base: Path, holder: dict[str, 
             samples["stat missing"].append(timed(name, [dirs["missing"] / f"m{i:05d}" for i in range(files)], "stat"))
             samples["stat local"].append(timed(name, [dirs["local"] / f"f{i:05d}" for i in range(files)], "stat"))
             samples["create"].append(timed(name, [dirs["create"] / f"c{i:05d}" for i in range(files)], "create"))
+            listed = sorted((mnt / "bench" / "lists" / f"r{r}").iterdir())
+            for d in listed:
+                os.path.exists(d / "warm-up")
+            samples["readdir"].append(timed(name, listed, "listdir"))
     finally:
         problems = launch.down(name) or {}
         holder["name"] = holder["state"] = None

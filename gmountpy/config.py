@@ -88,6 +88,8 @@ class Tuning:
                                          # "central" (one node is every directory's home: a baseline)
     central_node: str = ""               # the home of every directory with lookup = "central"; "" = first node
     index_rescan: float = 30.0           # seconds before a home re-lists a directory from every node
+    index_verify_misses: bool = False    # a home asks the nodes holding a directory before it answers "no such
+                                         # name" to a lookup or a create (files copied straight into exports)
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,8 @@ _INTEGER_TUNING = ("requests_per_connection", "requests_per_node", "handles_per_
                    "listings_per_connection", "listings_per_node")
 _INTEGER_TUNING_ZERO_OK = ("readahead_mib",)  # 0: no read-ahead
 _LIMIT_TUNING = _INTEGER_TUNING + _INTEGER_TUNING_ZERO_OK
-_LOOKUP_TUNING = ("lookup", "central_node", "index_rescan")  # optional: absent from older state files
+# optional: absent from older state files
+_LOOKUP_TUNING = ("lookup", "central_node", "index_rescan", "index_verify_misses")
 LOOKUP_MODES = ("flood", "index", "central")
 
 
@@ -374,6 +377,8 @@ def _parse_tuning(raw: dict[str, Any]) -> Tuning:
             if value not in LOOKUP_MODES:
                 raise SpecError(f"tuning.lookup: must be one of {', '.join(map(repr, LOOKUP_MODES))}, got {value!r}")
             values[key] = value
+        elif key == "index_verify_misses":
+            values[key] = _boolean(value, f"tuning.{key}")
         elif key == "central_node":
             if not isinstance(value, str):
                 raise SpecError(f"tuning.central_node: must be a node name, got {value!r}")

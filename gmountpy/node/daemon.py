@@ -151,8 +151,10 @@ class NodeDaemon:
         homes = Homes(nodes, {n: s.site for n, s in self.spec.nodes.items()}, central)
         index = DirectoryIndex(pool, self.overlay.lookup_order(self.me),
                                lease=IndexLocator.lease_for(tuning.negative_ttl), rescan=tuning.index_rescan,
-                               revoke_timeout=min(1.0, tuning.rpc_timeout / 3), ask_timeout=tuning.rpc_timeout / 3)
-        return IndexLocator(pool, tiers, homes, ttl=tuning.attr_ttl, negative_ttl=tuning.negative_ttl), index
+                               revoke_timeout=min(1.0, tuning.rpc_timeout / 3), ask_timeout=tuning.rpc_timeout / 3,
+                               homes=homes, verify_misses=tuning.index_verify_misses)
+        return IndexLocator(pool, tiers, homes, ttl=tuning.attr_ttl, negative_ttl=tuning.negative_ttl,
+                            index=index), index
 
     async def run(self, sock: socket.socket, peers: dict[str, PeerAddress], out: TextIO) -> None:
         info = {"node": self.me, "site": self.node.site, "cluster": self.spec.name, "version": __version__,
@@ -174,6 +176,7 @@ class NodeDaemon:
             locator, index = self._locator(pool)
             if index is not None and isinstance(locator, IndexLocator):
                 service.add_operations(index.operations())
+                service.add_operations(locator.operations())  # homes' revocations of the homes and listings they told
                 watcher = ExportWatcher(pool, locator.homes)
                 service.add_operations(watcher.operations())
                 nursery.start_soon(_watch_export_forever, watcher, max(0.2, tuning.attr_ttl or 1.0))

@@ -1,12 +1,27 @@
 """Lookups that never flood: a homed directory index behind the `Locator` seam (issue 13).
 
-Every directory has a **home** node, chosen by rendezvous hashing of the
-directory's path over all nodes (`lookup = "index"`), or one fixed node for
+Every directory has a **home** node (`lookup = "index"`), or one fixed node for
 every directory (`lookup = "central"`, the central-metadata baseline). The
 home keeps the exact index of that directory -- name -> holders, each with
-its attributes -- and answers three questions in one round trip: who holds
-this name (`index_lookup`), may this node create it (`index_claim`), and
-here is a change (`index_set`, `index_drop`, `index_replace`, `index_forget`).
+its attributes -- and answers in one round trip: who holds this name
+(`index_lookup`), the whole directory (`index_list`), may this node create it
+(`index_claim`), and here is a change (`index_set`, `index_drop`,
+`index_replace`, `index_forget`).
+
+Where homes are (`Homes`). The issue asked for rendezvous hashing of the path
+over all nodes, "preferring the creator's site". Hashing over all nodes puts
+3 of 4 directories of a 2-site cluster at the other site; so here a directory
+made by a mkdir through the mount is homed at its creator's site (rendezvous
+over that site's nodes), and one found in the exports at the site of its
+holders' rendezvous winner (the same answer while only its creator holds it).
+Such a home cannot be computed from the path, so it is *recorded* in the
+parent's index: the parent's home returns it with the lookup (or listing) of
+the directory and leases it to the asker (`home_lease`, a minute; revoked by
+`index_unhome` when the directory is removed or renamed); the records are
+copied to the parent home's backup. Only the root's home is hashed. The
+kernel looks a directory up before any name in it, so once a node has seen a
+directory a lookup in it is one round trip to one node; a node that only ever
+saw the directory in its own export asks the parent's home once first.
 
 A node looks a path up in its own export first (0 messages), then in its
 short caches (0), then asks the home (1 round trip); a miss is the home's
@@ -14,18 +29,29 @@ negative answer, never a search of every node. A negative answer is a
 *lease*: the home remembers who was told "not found" and, before a claim or a
 new name returns, tells those nodes (the `created` operation, which also
 drops the kernel's negative entries). So hand-off rule 1 holds with one round
-trip per create.
+trip per create. Listings are leased the same way (about a second; any change
+in the directory revokes them with `index_unlist`).
 
 The index is soft state. A home builds a directory's index on first demand by
-asking every node once for its listing of that directory, and again when it
-is older than `tuning.index_rescan` seconds: files written straight into an
-export (outside the mount) are seen by other nodes within that time (at once
-on their own node, whose export is read first). Changes that arrive while a
+asking every node once for its listing of that directory (a directory just
+made by a mkdir through the mount is *seeded* empty instead: `index_seed`),
+and again when it is older than `tuning.index_rescan` seconds: files written
+straight into an export (outside the mount) reach the home at that node's
+next export scan (ExportWatcher), at the latest after the rescan (at once on
+their own node, whose export is read first). Changes that arrive while a
 directory is being built are replayed over the listings; claims not yet
-visible on disk survive a rebuild. When a home cannot be reached, a node
-falls back to GMount's search (FloodLocator) and answers misses with an
-uncacheable ENOENT; the changes it made meanwhile are owed to that home,
-which is told to rebuild those directories before it is asked anything else.
+visible on disk survive a rebuild.
+
+A home that does not answer is replaced by its **backup** (the next node of
+its site): the asker sends the request to it as `index_backup`; the backup
+lists the directory from the exports (the dead home's own files are out of
+everyone's reach), answers without leases, and tells every node of each new
+name (it cannot know whom the dead home had told "not found"). Changes made
+through the backup are owed to the home, which lists those directories again
+when it answers again (a restarted home takes the homes of new
+subdirectories from its backup). Only when the backup does not answer either
+does a node fall back to GMount's search (FloodLocator), with an uncacheable
+ENOENT for misses.
 """
 
 from __future__ import annotations
@@ -35,8 +61,9 @@ import hashlib
 import logging
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import trio
 
@@ -87,12 +114,23 @@ def rendezvous_order(directory: str, nodes: Sequence[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class Homes:
-    """Which node is the home of a directory, and which one would take over.
+    """Where directories live: the rules every node applies the same way.
 
     `central` set: that node is the home of every directory (the baseline of a
-    central metadata server). Otherwise rendezvous hashing over `nodes`: adding
-    or removing a node moves only the directories it wins or held. The backup
-    is the next-ranked node at the home's site, else the next-ranked node.
+    central metadata server). Otherwise:
+
+    - the root's home is the rendezvous winner over every node (`home`);
+    - a directory made through the mount is homed at its creator's site: the
+      rendezvous winner among that site's nodes (`of_creator`), so the files a
+      site makes and looks up stay one intra-site round trip away;
+    - a directory found in the exports (no creator known) is homed at the site
+      of the rendezvous winner among the nodes holding it (`of_holders`): for a
+      directory only its creator holds, the same answer as `of_creator`.
+
+    Only the root's home can be computed from a path alone; every other home
+    is recorded in its parent's index and handed out with lookups (see
+    DirectoryIndex). The backup is the next-ranked node at the home's site,
+    else the next-ranked node.
     """
 
     nodes: tuple[str, ...]
@@ -106,17 +144,44 @@ class Homes:
             raise ValueError(f"`central` must be one of the nodes, got {self.central!r}")
 
     def home(self, directory: str) -> str:
+        """The home by hashing over every node: the root's (and, with `central`, everyone's)."""
         if self.central is not None:
             return self.central
         return max(self.nodes, key=lambda node: (_weight(node, directory), node))
 
-    def backup(self, directory: str) -> str | None:
+    def at_site(self, directory: str, site: str | None) -> str:
+        """The rendezvous winner among the nodes of `site` (every node if it has none)."""
+        if self.central is not None:
+            return self.central
+        members = [node for node in self.nodes if self.site_of.get(node) == site] or list(self.nodes)
+        return max(members, key=lambda node: (_weight(node, directory), node))
+
+    def of_creator(self, directory: str, creator: str) -> str:
+        """The home of a directory `creator` made: at the creator's site."""
+        return self.at_site(directory, self.site_of.get(creator))
+
+    def of_holders(self, directory: str, holders: Sequence[str]) -> str:
+        """The home of a directory found on `holders`: at the site of their rendezvous winner."""
+        known = [node for node in holders if node in self.nodes]
+        if self.central is not None or not known:
+            return self.home(directory)
+        first = max(known, key=lambda node: (_weight(node, directory), node))
+        return self.at_site(directory, self.site_of.get(first))
+
+    def backup(self, directory: str, home: str | None = None) -> str | None:
+        """Who takes over when `home` (by default the hashed home) does not answer."""
         order = rendezvous_order(directory, self.nodes)
-        home = self.central or order[0]
+        home = home or self.central or order[0]
         rest = [node for node in order if node != home]
         same_site = [node for node in rest if self.site_of.get(node) == self.site_of.get(home)]
         candidates = same_site or rest
         return candidates[0] if candidates else None
+
+
+def home_lease_for(lease: float) -> float:
+    """How long a directory's home is leased to a node: a minute, and at least twice the
+    "not found" lease (a "not found" is kept no longer than the home that gave it is known)."""
+    return max(60.0, 2 * lease)
 
 
 def split_parent(path: str) -> tuple[str, str]:
@@ -153,6 +218,8 @@ class _Directory:
     entries: _Entries
     built_at: float
     missing: tuple[str, ...]  # nodes that could not be listed: misses are not definite
+    exists: bool = True       # some node listed it (an empty index of a missing directory is not a listing)
+    holders: set[str] = field(default_factory=set)  # nodes whose export has the directory (as far as known)
 
 
 @dataclass(frozen=True)
@@ -162,6 +229,14 @@ class IndexStatistics:
     lookups: int
     negatives_leased: int
     revocations: int
+    listings: int = 0
+    taken_over: int = 0  # requests served as the backup of a home that did not answer
+
+
+#: Set while a request is served as the backup of a home that did not answer (`index_backup`).
+_AS_BACKUP: ContextVar[str | None] = ContextVar("gmount_index_as_backup", default=None)
+#: Operations a backup serves for a home that does not answer.
+_BACKED_OPS = ("index_lookup", "index_claim", "index_set", "index_drop", "index_replace", "index_list")
 
 
 class DirectoryIndex:
@@ -173,20 +248,49 @@ class DirectoryIndex:
     `ask_timeout`: how long the home waits for a node it asks (a listing, a holder's attributes);
     shorter than the askers' own timeout, so one hung node makes a directory incomplete
     rather than its home look dead.
+    `homes`: the rules for the homes of subdirectories. With it, a lookup of a subdirectory
+    answers its home too (recorded here: at its creator's site for a directory made through
+    the mount, else by `Homes.of_holders`), leased to the asker for `home_lease` seconds and
+    revoked when the subdirectory goes; the records are copied to this directory's backup.
+    `listing_lease`: seconds an asker may keep a whole listing (`index_list`); any change in the
+    directory revokes it. `backup_refresh`: a directory served as a backup is listed again
+    from the exports when older than this (its home may have been back meanwhile).
+    `verify_misses`: before it answers "no such name" -- to a lookup or a create -- this home
+    asks the other nodes whose export has the directory (not every node): a file copied
+    straight into an export since that node's last scan is then found at once (no ENOENT,
+    no twin), at the cost of those messages on every miss and create (a miss is still leased).
     """
 
     def __init__(self, peers: Peers, order: Sequence[str], *, lease: float, rescan: float = 30.0,
-                 revoke_timeout: float = ANNOUNCE_TIMEOUT, ask_timeout: float | None = None) -> None:
+                 revoke_timeout: float = ANNOUNCE_TIMEOUT, ask_timeout: float | None = None,
+                 homes: Homes | None = None, home_lease: float | None = None, listing_lease: float = 1.0,
+                 backup_refresh: float = 1.0, verify_misses: bool = False) -> None:
+        home_lease = home_lease_for(lease) if home_lease is None else home_lease
         if lease < 0:
             raise ValueError(f"`lease` must be non-negative, got {lease!r}")
         if rescan < 0:
             raise ValueError(f"`rescan` must be non-negative, got {rescan!r}")
+        if home_lease < 0 or listing_lease < 0:
+            raise ValueError(f"`home_lease` and `listing_lease` must be non-negative, got {home_lease!r}, "
+                             f"{listing_lease!r}")
         self._peers = peers
         self.order = list(order)
         self.lease = lease
         self.rescan = rescan
         self.revoke_timeout = revoke_timeout
         self.ask_timeout = ask_timeout
+        self.homes = homes
+        self.home_lease = home_lease
+        self.listing_lease = listing_lease
+        self.backup_refresh = backup_refresh
+        self.verify_misses = verify_misses
+        # directory -> subdirectory name -> its home. Kept apart from the entries: a rebuild
+        # must not move a directory's home (askers hold it under a lease).
+        self._child_homes: dict[str, dict[str, str]] = {}
+        self._home_leases: dict[str, dict[str, dict[str, float]]] = {}  # directory -> name -> asker -> expiry
+        self._listing_leases: dict[str, dict[str, float]] = {}          # directory -> asker -> expiry
+        self._backing: dict[str, str] = {}  # directory -> the home this node stands in for
+        self._listings = self._taken_over = 0
         self._dirs: dict[str, _Directory] = {}
         self._building: dict[str, list[_Change]] = {}  # directory -> changes that arrived meanwhile
         self._built: dict[str, trio.Event] = {}
@@ -200,14 +304,16 @@ class DirectoryIndex:
         """The RPC operations, for NodeService's `extra` table."""
         return {"index_lookup": self.op_lookup, "index_claim": self.op_claim, "index_set": self.op_set,
                 "index_drop": self.op_drop, "index_replace": self.op_replace, "index_forget": self.op_forget,
-                "index_sync": self.op_sync}
+                "index_sync": self.op_sync, "index_list": self.op_list, "index_backup": self.op_backup,
+                "index_records": self.op_records, "index_seed": self.op_seed, "index_adopt": self.op_adopt}
 
     def forget_all(self) -> None:
         """Drop every built directory (a node restarted: its export may differ); leases are kept."""
         self._dirs.clear()
 
     def statistics(self) -> IndexStatistics:
-        return IndexStatistics(len(self._dirs), self._builds, self._lookups, self._leased, self._revocations)
+        return IndexStatistics(len(self._dirs), self._builds, self._lookups, self._leased, self._revocations,
+                               self._listings, self._taken_over)
 
     # -- building ------------------------------------------------------------
 
@@ -215,8 +321,11 @@ class DirectoryIndex:
         while True:
             now = trio.current_time()
             current = self._dirs.get(directory)
-            if current is not None and not current.missing and \
-                    (self.rescan <= 0 or now - current.built_at < self.rescan):
+            if directory in self._backing:
+                fresh = self.backup_refresh > 0 and now - (current.built_at if current else now) < self.backup_refresh
+            else:
+                fresh = self.rescan <= 0 or now - (current.built_at if current else now) < self.rescan
+            if current is not None and self._complete(directory, current) and fresh:
                 return current
             event = self._built.get(directory)
             if event is None:
@@ -271,7 +380,11 @@ class DirectoryIndex:
                             entries.setdefault(name, {})[node] = holder
             for change in changes:  # what happened while the listings were taken, in order
                 _apply(entries, change)
-            built = _Directory(entries, started, tuple(sorted(missing)))
+            built = _Directory(entries, started, tuple(sorted(missing)), bool(listings), set(listings))
+            await self._settle_homes(directory, entries)
+            for name in [name for name in self._negatives.get(directory, {}) if entries.get(name)]:
+                # told "not found" before this listing (by an index since forgotten): no more
+                await self._revoke(directory, name, any(h.is_dir for h in entries[name].values()), but=None)
             if directory in self._outdated:
                 self._outdated.discard(directory)
                 return built  # good enough for this caller (it asked before the change); not kept
@@ -284,7 +397,9 @@ class DirectoryIndex:
 
     async def _list(self, node: str, directory: str) -> list[Any] | None:
         try:
-            listing: list[Any] | None = await self._peers.call(node, "index_listdir", directory,
+            # a stand-in does not ask to be told of changes: those go to the home, back soon
+            me = None if directory in self._backing else self._peers.me
+            listing: list[Any] | None = await self._peers.call(node, "index_listdir", directory, me,
                                                                timeout=self.ask_timeout)
             return listing
         except OSError as exc:
@@ -348,23 +463,244 @@ class DirectoryIndex:
             if current is not None and current.entries.get(name, {}).get(node) is holder:
                 current.entries[name][node] = resolved
         current = self._dirs.get(directory)
-        complete = current is not None and not current.missing
+        complete = current is not None and self._complete(directory, current)
         found = [[node, holder.attr, holder.replica_of] for node, holder in holders.items()
                  if holder.attr is not None]
         return found, complete, pending
 
+    def _complete(self, directory: str, built: _Directory) -> bool:
+        """Every node was listed -- or, standing in for a home that does not answer, every node but
+        that home: its files cannot be reached by anyone now, and misses are then answered
+        without a lease (so nobody keeps them)."""
+        stand_in = self._backing.get(directory)
+        return all(node == stand_in for node in built.missing)
+
+    # -- the homes of subdirectories -------------------------------------------------
+
+    def _backup_node(self, directory: str) -> str | None:
+        """This directory's backup, when this node is its home (a stand-in has none to copy to)."""
+        if self.homes is None or directory in self._backing:
+            return None
+        backup = self.homes.backup(directory, self._peers.me)
+        return None if backup == self._peers.me else backup
+
+    async def _settle_homes(self, directory: str, entries: _Entries) -> None:
+        """After a build: every subdirectory has a recorded home. Records this node lacks (it
+        restarted, or its backup took a mkdir while it was away) come from the backup first;
+        the rest follow `Homes.of_holders` and are copied to the backup. Records of names that
+        are gone are dropped (and their leases revoked)."""
+        if self.homes is None:
+            return
+        records = self._child_homes.setdefault(directory, {})
+        subdirs = {name: holders for name, holders in entries.items()
+                   if any(holder.is_dir for holder in holders.values())}
+        for name in [name for name in records if name not in subdirs]:
+            await self._drop_home(directory, name)
+        records = self._child_homes.setdefault(directory, {})  # (dropped when it became empty)
+        lacking = [name for name in subdirs if name not in records]
+        backup = self._backup_node(directory)
+        if lacking and backup is not None:
+            try:
+                theirs = await self._peers.call(backup, "index_records", directory, None, timeout=self.ask_timeout)
+            except OSError as exc:
+                log.info("backup %s could not give the homes recorded under %s: %s", backup, directory, exc)
+            else:
+                records = self._child_homes.setdefault(directory, {})
+                for name in lacking:
+                    if name in theirs and name not in records:
+                        records[name] = str(theirs[name])
+        derived = {name: self.homes.of_holders(_join(directory, name), sorted(subdirs[name]))
+                   for name in subdirs if name not in records}
+        records.update(derived)
+        if not records:
+            self._child_homes.pop(directory, None)
+        if derived:
+            await self._copy_records(directory, dict(derived))
+
+    async def _copy_records(self, directory: str, updates: dict[str, str | None]) -> None:
+        backup = self._backup_node(directory)
+        if backup is None:
+            return
+        try:
+            await self._peers.call(backup, "index_records", directory, updates, timeout=self.ask_timeout)
+        except OSError as exc:
+            log.info("could not copy the homes under %s to the backup %s: %s", directory, backup, exc)
+
+    def _child_home(self, directory: str, name: str, holders: Sequence[str]) -> str | None:
+        if self.homes is None:
+            return None
+        records = self._child_homes.setdefault(directory, {})
+        if name not in records:  # not built yet (a claim before any build): the rule for found ones
+            records[name] = self.homes.of_holders(_join(directory, name), sorted(holders))
+        return records[name]
+
+    def _lease_home(self, directory: str, name: str, asker: str | None) -> float:
+        if asker is None or self.home_lease <= 0:
+            return 0.0
+        self._home_leases.setdefault(directory, {}).setdefault(name, {})[str(asker)] = \
+            trio.current_time() + self.home_lease
+        return self.home_lease
+
+    async def _drop_home(self, directory: str, name: str) -> None:
+        """Subdirectory `name` is gone: forget its home; whoever was told it forgets it too (a
+        directory made again under that name may be homed elsewhere)."""
+        records = self._child_homes.get(directory)
+        if records is None or records.pop(name, None) is None:
+            return
+        if not records:
+            self._child_homes.pop(directory, None)
+        await self._copy_records(directory, {name: None})
+        names = self._home_leases.get(directory)
+        leases = names.pop(name, None) if names is not None else None
+        if names is not None and not names:
+            del self._home_leases[directory]
+        await self._tell(leases or {}, "index_unhome", [_join(directory, name)], but=None)
+
+    async def op_adopt(self, directory: str, node: str) -> None:
+        """`directory` appeared on `node` outside the mount (its parent's home saw it in a sync):
+        list it there now -- which also has `node` watch it -- and revoke the "not found"
+        handed out for what it holds."""
+        if directory not in self._dirs:
+            await self._directory(directory)  # a build lists every node, `node` included
+            return
+        try:
+            listing = await self._list(node, directory)
+        except OSError as exc:
+            log.info("could not list %s on %s: %s", directory, node, exc)
+            self.forget([directory])
+            return
+        await self.op_sync(directory, node, listing or [])
+
+    async def op_seed(self, directory: str, node: str | None = None) -> None:
+        """`directory` was just made by a mkdir through the mount (its name was new everywhere):
+        its index starts empty and complete, instead of listing every node at the first lookup.
+        Ignored when the index is built already (a create in it came first)."""
+        if directory in self._dirs or directory in self._building or directory in self._backing:
+            return
+        self._dirs[directory] = _Directory({}, trio.current_time(), (), holders={str(node)} if node else set())
+
+    async def op_records(self, directory: str, updates: dict[str, str | None] | None = None) -> dict[str, str]:
+        """The copy of a directory's subdirectory homes that its home keeps here, as its backup:
+        `updates` applied (None: removed), then all of them returned."""
+        records = self._child_homes.setdefault(directory, {})
+        for name, home in (updates or {}).items():
+            if home is None:
+                records.pop(str(name), None)
+            else:
+                records[str(name)] = str(home)
+        if not records:
+            self._child_homes.pop(directory, None)
+        return dict(records)
+
+    async def _tell(self, leases: dict[str, float], op: str, *args: Any, but: str | None) -> None:
+        """Send `op` to every node whose lease has not expired (a revocation), `but` one."""
+        now = trio.current_time()
+
+        async def tell(node: str) -> None:
+            self._revocations += 1
+            try:
+                with trio.move_on_after(self.revoke_timeout):
+                    await self._peers.call(node, op, *args)
+            except OSError as exc:
+                log.info("could not tell %s %s%s: %s", node, op, args, exc)
+
+        async with open_nursery() as nursery:
+            for node, until in leases.items():
+                if until > now and node != but:
+                    nursery.start_soon(tell, node)
+
+    async def _changed(self, directory: str, names: Sequence[str], *, but: str | None) -> None:
+        """After a change in `directory`: subdirectories that are gone lose their homes, and
+        every listing of the directory handed out is revoked."""
+        current = self._dirs.get(directory)
+        for name in names:
+            gone = current is not None and not any(h.is_dir for h in current.entries.get(name, {}).values())
+            if gone and name in self._child_homes.get(directory, {}):
+                await self._drop_home(directory, name)
+        leases = self._listing_leases.pop(directory, None)
+        if leases:
+            await self._tell(leases, "index_unlist", directory, but=but)
+
     async def op_lookup(self, directory: str, name: str, asker: str | None = None) -> dict[str, Any]:
         """Every holder of `name` in `directory`. A definite "none" to `asker` is leased to it:
-        the reply's `lease` is how long this home will revoke it (tell `asker` of a create)."""
+        the reply's `lease` is how long this home will revoke it (tell `asker` of a create).
+        A subdirectory comes with its `home`, leased for `home_lease` seconds (revoked when the
+        subdirectory goes)."""
         self._lookups += 1
+        backing = self._serving_as_backup(directory)
         holders, complete, pending = await self._resolved(directory, name)
+        if not holders and complete and not pending and self.verify_misses:
+            holders = await self._verify_absent(directory, name, None if asker is None else str(asker))
         lease = 0.0
-        if not holders and complete and not pending and asker is not None and self.lease > 0:
+        if not holders and complete and not pending and asker is not None and self.lease > 0 and not backing:
             names = self._negatives.setdefault(directory, {})
             names.setdefault(name, {})[str(asker)] = trio.current_time() + self.lease
             self._leased += 1
             lease = self.lease
-        return {"holders": holders, "complete": complete, "pending": pending, "lease": lease}
+        home, home_lease = None, 0.0
+        if any(attr.is_dir for _, attr, _ in holders):
+            home = self._child_home(directory, name, [str(node) for node, _, _ in holders])
+            home_lease = self._lease_home(directory, name, asker) if home is not None else 0.0
+        return {"holders": holders, "complete": complete, "pending": pending, "lease": lease,
+                "home": home, "home_lease": home_lease}
+
+    async def op_list(self, directory: str, asker: str | None = None) -> dict[str, Any]:
+        """The whole directory in one reply: [name, [[node, attr, replica_of], ...], home] for each
+        name. Complete: leased to `asker` for `listing_lease` seconds (any change revokes it)."""
+        self._listings += 1
+        backing = self._serving_as_backup(directory)
+        built = await self._directory(directory)
+        rows: list[list[Any]] = []
+        for name, holders in list(built.entries.items()):
+            if any(holder.attr is None for holder in holders.values()):
+                found, _, _ = await self._resolved(directory, name)  # claims: their holders are asked
+            else:
+                found = [[node, holder.attr, holder.replica_of] for node, holder in holders.items()]
+            if not found:
+                continue
+            home = None
+            if any(attr.is_dir for _, attr, _ in found):
+                home = self._child_home(directory, name, [str(node) for node, _, _ in found])
+                if home is not None:
+                    self._lease_home(directory, name, asker)
+            rows.append([name, found, home])
+        current = self._dirs.get(directory, built)
+        complete = self._complete(directory, current)
+        if len(rows) > _PAGE:
+            raise OSError(errno.EFBIG, f"{directory} has {len(rows)} entries: list it from every node in pages")
+        lease = 0.0
+        if complete and asker is not None and self.listing_lease > 0 and not backing:
+            self._listing_leases.setdefault(directory, {})[str(asker)] = trio.current_time() + self.listing_lease
+            lease = self.listing_lease
+        return {"entries": rows, "complete": complete, "exists": current.exists or bool(rows), "lease": lease,
+                "home_lease": self.home_lease if asker is not None else 0.0}
+
+    async def op_backup(self, home: str, op: str, args: list[Any]) -> Any:
+        """Serve `op` for `home`, which did not answer the asker: this node stands in for it (the
+        backup, at the same site). The directory is listed from the exports again (soft state),
+        every create is told to every node (the leases `home` handed out died with it), and
+        no "not found" or listing is leased."""
+        if op not in _BACKED_OPS:
+            raise OSError(errno.EINVAL, f"node {self._peers.me} does not serve {op!r} as a backup")
+        self._taken_over += 1
+        token = _AS_BACKUP.set(str(home))
+        try:
+            return await self.operations()[op](*args)
+        finally:
+            _AS_BACKUP.reset(token)
+
+    def _serving_as_backup(self, directory: str) -> bool:
+        """Whether this request is served for a home that did not answer (a normal request for the
+        directory means this node is its home again: it leaves the stand-in mode)."""
+        stand_in = _AS_BACKUP.get()
+        if stand_in is None:
+            if self._backing.pop(directory, None) is not None:
+                self._dirs.pop(directory, None)  # built as a stand-in: not trusted as the home's own
+            return False
+        if self._backing.get(directory) != stand_in:
+            self._backing[directory] = stand_in
+            self._dirs.pop(directory, None)  # taking over: list it from the exports now
+        return True
 
     async def op_claim(self, directory: str, name: str, node: str, is_dir: bool = False,
                        exclusive: bool = True) -> list[list[Any]] | None:
@@ -374,42 +710,97 @@ class DirectoryIndex:
 
         `exclusive` False (a parent directory a create makes on `node`): a directory merges
         with the directories of that name elsewhere, so it is always recorded.
+        A new directory is homed at `node`'s site (`Homes.of_creator`), recorded here and on
+        this directory's backup (one intra-site message) before this returns.
         """
+        backing = self._serving_as_backup(directory)
         holders, _, pending = await self._resolved(directory, name)
         others = [h for h in holders if h[0] != node]
+        if exclusive and not others and not pending and self.verify_misses:
+            others = await self._verify_absent(directory, name, str(node))
+        built = self._dirs.get(directory)
+        if built is not None:
+            built.holders.add(str(node))  # a create there makes the directory on `node` (if it lacked it)
         if exclusive and (others or pending):
             if not others:
                 raise OSError(errno.EAGAIN, f"{_join(directory, name)} is being created on another node; "
                                             "try again")
             return others
         self._change(directory, (name, node, _Holder(bool(is_dir), None, None, trio.current_time())))
-        await self._revoke(directory, name, bool(is_dir), but=node)
+        if is_dir and self.homes is not None:
+            records = self._child_homes.setdefault(directory, {})
+            if not holders or name not in records:  # a new name: homed at its creator's site
+                records[name] = self.homes.of_creator(_join(directory, name), str(node))
+                await self._copy_records(directory, {name: records[name]})
+            self._lease_home(directory, name, node)
+        await self._revoke(directory, name, bool(is_dir), but=node, everyone=backing)
+        await self._changed(directory, [name], but=node)
         return None
+
+    async def _verify_absent(self, directory: str, name: str, asker: str | None) -> list[list[Any]]:
+        """Ask the nodes holding `directory` (but the asker, which looked in its own export) for
+        `name`: what they hold is recorded (as a scan would) and returned."""
+        built = self._dirs.get(directory)
+        path = _join(directory, name)
+        found: list[list[Any]] = []
+
+        async def ask(node: str) -> None:
+            try:
+                value = await self._peers.call(node, "lookup", path, timeout=self.ask_timeout)
+            except OSError as exc:
+                log.info("could not ask %s whether it holds %s: %s", node, path, exc)
+                return
+            if value is not None:
+                attr = Attr.from_wire(value)
+                self._change(directory, (name, node, _Holder(attr.is_dir, attr)))
+                found.append([node, attr, None])
+
+        async with open_nursery() as nursery:
+            for node in sorted(built.holders if built is not None else ()):
+                if node != asker and not self._peers.is_down(node):
+                    nursery.start_soon(ask, node)
+        return found
 
     async def op_set(self, directory: str, name: str, node: str, attr: Any, replica_of: str | None = None,
                      is_dir: bool = False) -> None:
         """`node` holds `name` with these attributes (None: ask it) -- after a write, a put, a staging."""
+        backing = self._serving_as_backup(directory)
+        if backing:  # a stand-in tells every node of a name new to it (a put), not of a close
+            built = await self._directory(directory)
+            backing = not built.entries.get(name)
         value = None if attr is None else Attr.from_wire(attr)
         holder = _Holder(value.is_dir if value is not None else bool(is_dir), value,
                          None if replica_of is None else str(replica_of), trio.current_time())
         self._change(directory, (name, node, holder))
-        await self._revoke(directory, name, holder.is_dir, but=node)
+        await self._revoke(directory, name, holder.is_dir, but=node, everyone=backing)
+        await self._changed(directory, [name], but=node)
 
     async def op_drop(self, directory: str, name: str, nodes: list[str] | None = None) -> None:
         """`name` is gone from `nodes` (None: from every node)."""
+        self._serving_as_backup(directory)
         if nodes is None:
             self._change(directory, (name, None, None))
+            await self._drop_home(directory, name)
         else:
             for node in nodes:
                 self._change(directory, (name, str(node), None))
+        await self._changed(directory, [name], but=None)
 
     async def op_replace(self, directory: str, name: str, nodes: list[str], is_dir: bool) -> None:
-        """After a rename to `name`: exactly `nodes` hold it now (their attributes are asked later)."""
+        """After a rename to `name`: exactly `nodes` hold it now (their attributes are asked later).
+        A directory renamed here is homed by `Homes.of_holders` (its old home's records are gone
+        with its old path)."""
+        backing = self._serving_as_backup(directory)
         self._change(directory, (name, None, None))
+        await self._drop_home(directory, name)
         now = trio.current_time()
         for node in nodes:
             self._change(directory, (name, str(node), _Holder(bool(is_dir), None, None, now)))
-        await self._revoke(directory, name, bool(is_dir), but=None)
+        if is_dir and self.homes is not None:
+            home = self._child_home(directory, name, [str(node) for node in nodes])
+            await self._copy_records(directory, {name: home})
+        await self._revoke(directory, name, bool(is_dir), but=None, everyone=backing)
+        await self._changed(directory, [name], but=None)
 
     async def op_sync(self, directory: str, node: str, listing: list[Any]) -> None:
         """`node`'s export changed outside the mount: these are all its entries in `directory` now.
@@ -427,15 +818,29 @@ class DirectoryIndex:
             attr = Attr.from_wire(entry[1])
             seen[str(entry[0])] = _Holder(attr.is_dir, attr, str(entry[2]) if len(entry) > 2 else None)
         new_names = [name for name in seen if not current.entries.get(name)]
+        # a subdirectory that appeared on `node` outside the mount: its home (seeded empty by a
+        # mkdir, or built before) has not listed it there -- it lists it again when next asked
+        appeared = [name for name, holder in seen.items()
+                    if holder.is_dir and node not in current.entries.get(name, {})
+                    and name in self._child_homes.get(directory, {})]
+        changed: list[str] = list(new_names)
         for name, holders in list(current.entries.items()):
             holder = holders.get(node)
             being_created = holder is not None and holder.attr is None and now - holder.since < CLAIM_GRACE
             if holder is not None and name not in seen and not being_created:
                 self._change(directory, (name, node, None))
+                changed.append(name)
         for name, holder in seen.items():
             self._change(directory, (name, node, holder))
         for name in new_names:
             await self._revoke(directory, name, seen[name].is_dir, but=None)
+        await self._changed(directory, changed, but=None)
+        for name in appeared:
+            child, home = _join(directory, name), self._child_homes[directory][name]
+            try:
+                await self._peers.call(home, "index_adopt", child, node, timeout=self.ask_timeout)
+            except OSError as exc:
+                log.info("could not tell %s, the home of %s, that it appeared on %s: %s", home, child, node, exc)
 
     async def op_forget(self, prefixes: list[str]) -> None:
         """Directories under `prefixes` changed wholesale (renamed, removed, or a change failed
@@ -450,29 +855,20 @@ class DirectoryIndex:
             if any(_under(directory, str(prefix)) for prefix in prefixes):
                 self._outdated.add(directory)  # its listings under way may predate the change
 
-    async def _revoke(self, directory: str, name: str, is_dir: bool, *, but: str | None) -> None:
-        """Tell every node holding an unexpired "not found" for the name that it exists now."""
+    async def _revoke(self, directory: str, name: str, is_dir: bool, *, but: str | None,
+                      everyone: bool = False) -> None:
+        """Tell every node holding an unexpired "not found" for the name that it exists now.
+        `everyone`: a stand-in for a dead home, which does not know whom that home told:
+        every node is told."""
         names = self._negatives.get(directory)
         leases = names.pop(name, None) if names is not None else None
         if names is not None and not names:
             del self._negatives[directory]
+        if everyone:
+            leases = {node: float("inf") for node in self.order if node != self._peers.me}
         if not leases:
             return
-        now = trio.current_time()
-        path = _join(directory, name)
-
-        async def tell(node: str) -> None:
-            self._revocations += 1
-            try:
-                with trio.move_on_after(self.revoke_timeout):
-                    await self._peers.call(node, "created", path, is_dir)
-            except OSError as exc:
-                log.info("could not tell %s that %s exists: %s", node, path, exc)
-
-        async with open_nursery() as nursery:
-            for node, until in leases.items():
-                if until > now and node != but:
-                    nursery.start_soon(tell, node)
+        await self._tell(leases, "created", _join(directory, name), is_dir, but=but)
 
 
 def _apply(entries: _Entries, change: _Change) -> None:
@@ -515,6 +911,7 @@ class ExportWatcher:
         self.homes = homes
         self._max = max_directories
         self._seen: OrderedDict[str, int | None] = OrderedDict()  # directory -> mtime_ns at the last listing
+        self._asked_by: dict[str, str] = {}  # directory -> the home that listed it last
         self.syncs = 0
 
     def operations(self) -> dict[str, Callable[..., Awaitable[Any]]]:
@@ -527,14 +924,18 @@ class ExportWatcher:
             return None
         return None if value is None else Attr.from_wire(value).mtime_ns
 
-    async def op_listdir(self, directory: str) -> list[Any] | None:
-        """This node's listing of `directory` for its home (EFBIG when it needs paging: not watched)."""
+    async def op_listdir(self, directory: str, home: str | None = None) -> list[Any] | None:
+        """This node's listing of `directory` for its home (EFBIG when it needs paging: not watched).
+        Changes go to `home`, the node that asked (homes other than the root's are not computable)."""
         mtime = await self._mtime(directory)  # before listing: a change meanwhile shows at the next scan
         listing: list[Any] | None = await self._peers.call(self._peers.me, "listdir", directory)
         self._seen[directory] = mtime
         self._seen.move_to_end(directory)
+        if home is not None:
+            self._asked_by[directory] = str(home)
         if len(self._seen) > self._max:
-            self._seen.popitem(last=False)
+            dropped, _ = self._seen.popitem(last=False)
+            self._asked_by.pop(dropped, None)
         return listing
 
     async def scan(self) -> int:
@@ -544,7 +945,7 @@ class ExportWatcher:
             mtime = await self._mtime(directory)
             if mtime == seen:
                 continue
-            home = self.homes.home(directory)
+            home = self._asked_by.get(directory) or self.homes.home(directory)
             try:
                 listing = [] if mtime is None else await self._peers.call(self._peers.me, "listdir", directory)
             except OSError as exc:
@@ -565,6 +966,7 @@ class ExportWatcher:
             self.syncs += 1
             if mtime is None:
                 self._seen.pop(directory, None)
+                self._asked_by.pop(directory, None)
             elif directory in self._seen:
                 self._seen[directory] = mtime
         return sent
@@ -581,18 +983,40 @@ class _Flight:
         self.stale = False
 
 
+class _Home(NamedTuple):
+    """What this node knows of a directory's home: the node (None: the directory does not exist
+    as a directory), and until when that stays true (a lease; 0: not leased). `definite` False:
+    the parent's home could not tell (the name is being created, or not every node was listed)."""
+
+    node: str | None
+    until: float
+    definite: bool = True
+
+
 class IndexLocator:
     """Locator that asks the home of a path's directory: own export, caches, then one node.
 
     `negative_ttl` is how long the FUSE layer lets the kernel keep a "not found";
     a cached negative is used only while the home's lease outlives that, so a
     create's revocation always reaches every node that may still answer "not found".
+
+    Where a directory's home is: the root's by hashing (`Homes.home`); any other
+    directory's home is told by its parent's home with the lookup of the directory
+    (or with the parent's listing) and kept for `home_lease` seconds, revoked by
+    that parent's home when the directory goes (`index_unhome`). So once the
+    kernel has looked a directory up -- it always has before it asks for a name in
+    it -- a lookup in it is one round trip to one node. When the home does not
+    answer, its backup (same site) is asked instead (`index_backup`); only when
+    neither answers does a lookup ask every node.
     """
 
     def __init__(self, peers: Peers, tiers: list[tuple[str, ...]], homes: Homes, *, ttl: float = 1.0,
-                 negative_ttl: float = 1.0, max_entries: int = 200_000) -> None:
+                 negative_ttl: float = 1.0, max_entries: int = 200_000, home_lease: float | None = None,
+                 index: DirectoryIndex | None = None) -> None:
+        home_lease = home_lease_for(self.lease_for(negative_ttl)) if home_lease is None else home_lease
         self._peers = peers
         self.homes = homes
+        self.index = index  # this node's own index (forgotten with its caches on a directory rename)
         # The fallback when a home cannot be asked: it keeps no "not found" (no lease covers it).
         self._flood = FloodLocator(peers, tiers, ttl=ttl, negative_ttl=0.0,  # type: ignore[arg-type]
                                    max_entries=max_entries)
@@ -601,20 +1025,50 @@ class IndexLocator:
         self._rank = {node: i for i, node in enumerate(self.order)}
         self.ttl = ttl
         self.negative_ttl = negative_ttl
+        self.home_lease = home_lease
         self._max = max_entries
         self._positive: OrderedDict[str, tuple[Location, float]] = OrderedDict()
         self._negative: OrderedDict[str, float] = OrderedDict()  # path -> lease expiry (conservative)
+        self._homes: OrderedDict[str, tuple[str, float]] = OrderedDict()  # directory -> (home, lease expiry)
+        self._listings: dict[str, tuple[list[tuple[str, list[Location]]], float]] = {}
+        self._revoked = 0  # counts revocations of homes and listings: an answer older than one is not kept
         self._inflight: dict[str, _Flight] = {}
         self._claimed: set[str] = set()        # claimed at their home, being created here
         self._unclaimed: set[str] = set()      # created while the home was unreachable: flood-announced
         self._just_created: dict[str, Location] = {}
         self._owed: dict[str, set[str]] = {}   # home -> directories whose index missed a change
         self._hits = self._negative_hits = self._misses = self._remote = self._fallbacks = 0
+        self._takeovers = 0
 
     @staticmethod
     def lease_for(negative_ttl: float) -> float:
         """The lease a home grants on a "not found": twice what the kernel may keep it, plus margin."""
         return 0.0 if negative_ttl <= 0 else 2 * negative_ttl + 3.0
+
+    def operations(self) -> dict[str, Callable[..., Awaitable[Any]]]:
+        """The revocations homes send to this node, for NodeService's `extra` table."""
+        return {"index_unhome": self.op_unhome, "index_unlist": self.op_unlist}
+
+    async def op_unhome(self, prefixes: list[str], indexes: bool = False) -> None:
+        """The directories under `prefixes` are gone or moved: forget their homes, listings and the
+        "not found" under them (a directory made again there may be homed elsewhere).
+        `indexes`: this node's own index of them goes too (a directory rename)."""
+        self._forget_homes([str(prefix) for prefix in prefixes])
+        if indexes and self.index is not None:
+            self.index.forget([str(prefix) for prefix in prefixes])
+
+    async def op_unlist(self, directory: str) -> None:
+        """The listing of `directory` handed out by its home changed."""
+        self._revoked += 1
+        self._listings.pop(str(directory), None)
+
+    def _forget_homes(self, prefixes: list[str]) -> None:
+        self._revoked += 1
+        for cache in (self._homes, self._listings, self._negative):
+            for key in [k for k in cache if any(_under(k, prefix) for prefix in prefixes)]:
+                del cache[key]
+        for prefix in prefixes:
+            self._mark_stale(prefix)
 
     # -- talking to homes --------------------------------------------------------
 
@@ -628,8 +1082,96 @@ class IndexLocator:
             self._owed.pop(home, None)
         return await self._peers.call(home, op, *args)
 
+    async def _dir_call(self, directory: str, op: str, *args: Any) -> Any:
+        """`op` at the home of `directory`, or at its backup when the home does not answer.
+        Raises PeerUnavailable when neither answers (or the home cannot be found)."""
+        return (await self._dir_call_via(directory, op, *args))[0]
+
+    async def _dir_call_via(self, directory: str, op: str, *args: Any) -> tuple[Any, str | None]:
+        """`_dir_call`, and the home the backup stood in for (None: the home answered)."""
+        home = await self._home_node(directory)
+        failure: PeerUnavailable
+        if not self._peers.is_down(home):
+            try:
+                return await self._home_call(home, op, *args), None
+            except PeerUnavailable as exc:
+                failure = exc
+        else:
+            failure = PeerUnavailable(home, "it did not answer a moment ago")
+        backup = self.homes.backup(directory, home)
+        if backup is None or backup == home:
+            raise failure
+        if op != "index_lookup" and op != "index_list":
+            self._owe(home, directory)  # a change the home misses: it lists the directory again when back
+        self._takeovers += 1
+        if backup != self._peers.me:
+            self._remote += 1
+        log.info("asking %s for %s of %s in place of its home %s: %s", backup, op, directory, home, failure)
+        try:
+            return await self._peers.call(backup, "index_backup", home, op, list(args)), home
+        except PeerUnavailable as exc:
+            raise PeerUnavailable(home, f"{failure.reason}; its backup {backup} did not answer either "
+                                        f"({exc.reason})") from exc
+
+    async def _home_node(self, directory: str) -> str:
+        """The home of a directory that exists (PeerUnavailable when that cannot be told)."""
+        known = await self._home_of(directory)
+        if known.node is None:
+            raise PeerUnavailable(self.homes.home(directory), f"{directory} is not a directory its parent's "
+                                                              "home knows of")
+        return known.node
+
+    async def home_of(self, directory: str) -> str | None:
+        """The home of `directory` (None: it is not a directory), asking its parent's home if need be."""
+        return (await self._home_of(directory)).node
+
+    async def _home_of(self, directory: str) -> _Home:
+        if directory == "/" or self.homes.central is not None:
+            return _Home(self.homes.home(directory), float("inf"))
+        now = trio.current_time()
+        cached = self._homes.get(directory)
+        if cached is not None and cached[1] > now:
+            return _Home(*cached)
+        parent, name = split_parent(directory)
+        revoked = self._revoked
+        reply = await self._dir_call(parent, "index_lookup", parent, name, self._peers.me)
+        self._note_home(directory, reply, now, revoked)
+        if reply.get("home") is not None:
+            return _Home(str(reply["home"]), now + float(reply["home_lease"]))
+        if reply["pending"] or not reply["complete"]:
+            return _Home(None, 0.0, definite=False)
+        if reply["holders"]:
+            return _Home(None, 0.0)  # a file: nothing is in it, but that is not leased
+        # no such directory, for as long as the parent's home leases that "not found" (and its
+        # parent's home lease, if any: the "not found" came from that home)
+        return _Home(None, min(now + float(reply["lease"]), self._home_expiry(parent)))
+
+    def _note_home(self, directory: str, reply: dict[str, Any], sent: float, revoked: int) -> None:
+        home, lease = reply.get("home"), float(reply.get("home_lease") or 0.0)
+        if home is None or lease <= 0 or revoked != self._revoked:
+            return
+        self._homes[directory] = (str(home), sent + lease)
+        self._homes.move_to_end(directory)
+        if len(self._homes) > self._max:
+            self._homes.popitem(last=False)
+
+    def _home_expiry(self, directory: str) -> float:
+        if directory == "/" or self.homes.central is not None:
+            return float("inf")
+        cached = self._homes.get(directory)
+        return cached[1] if cached is not None else 0.0
+
     def _owe(self, home: str, directory: str) -> None:
         self._owed.setdefault(home, set()).add(directory)
+
+    def _owe_home_of(self, directory: str) -> None:
+        """The home of `directory` (as last known) missed a change there."""
+        if directory == "/" or self.homes.central is not None:
+            self._owe(self.homes.home(directory), directory)
+            return
+        cached = self._homes.get(directory)
+        if cached is not None:
+            self._owe(cached[0], directory)
 
     async def flush_owed(self) -> None:
         """Tell the homes that missed changes to list those directories again (the daemon calls
@@ -696,12 +1238,23 @@ class IndexLocator:
 
     async def _ask_home(self, path: str, flight: _Flight) -> Location | None:
         directory, name = split_parent(path)
-        home = self.homes.home(directory)
         sent = trio.current_time()
+        revoked = self._revoked
         try:
-            reply = await self._home_call(home, "index_lookup", directory, name, self._peers.me)
+            parent = await self._home_of(directory)
+            if parent.node is None:  # no such directory (or a file): nothing in it either
+                if not parent.definite:
+                    return await self._fall_back(path, f"the home of {split_parent(directory)[0]} could not "
+                                                       f"tell whether {directory} is a directory")
+                if parent.until - sent >= self.negative_ttl + 1.5 and not flight.stale:
+                    self._remember_negative(path, parent.until)
+                return None  # definite; kept only under the lease of the parent's "not found"
+            home = parent.node
+            reply = await self._dir_call(directory, "index_lookup", directory, name, self._peers.me)
         except PeerUnavailable as exc:
-            return await self._fall_back(path, f"the home of {directory}, node {home}, is unreachable ({exc.reason})")
+            return await self._fall_back(path, f"the home of {directory} and its backup are unreachable "
+                                               f"({exc.reason})")
+        self._note_home(path, reply, sent, revoked)
         found = self._nearest(reply["holders"])
         if found is not None:
             return found
@@ -710,10 +1263,11 @@ class IndexLocator:
         if not reply["complete"]:
             return await self._fall_back(path, f"the home {home} could not list {directory} on every node")
         lease = float(reply["lease"])
-        if lease > 0 and not flight.stale:
-            self._remember_negative(path, sent + lease)
+        until = min(sent + lease, self._home_expiry(directory))  # no longer than this home is its home
+        if lease > 0 and until - sent > 0 and not flight.stale:
+            self._remember_negative(path, until)
         if lease <= 0:
-            raise AbsentForNow(errno.ENOENT, f"no node holds {path} (home {home}, no lease)")
+            raise AbsentForNow(errno.ENOENT, f"no node holds {path} (home {home} or its backup, no lease)")
         return None
 
     async def _fall_back(self, path: str, why: str) -> Location | None:
@@ -747,9 +1301,8 @@ class IndexLocator:
         exactly (unreachable, a node not listed, a staged replica whose validity only its source
         can tell), GMount's search answers instead."""
         directory, name = split_parent(path)
-        home = self.homes.home(directory)
         try:
-            reply = await self._home_call(home, "index_lookup", directory, name, None)
+            reply = await self._dir_call(directory, "index_lookup", directory, name, None)
         except PeerUnavailable:
             reply = None
         if reply is None or not reply["complete"] or reply["pending"] or \
@@ -758,6 +1311,49 @@ class IndexLocator:
             return await self._flood.find_all(path, strict=strict)
         found = [Location(str(node), Attr.from_wire(attr)) for node, attr, _ in reply["holders"]]
         return sorted(found, key=lambda loc: self.rank(loc.node))
+
+    async def listing(self, directory: str) -> list[tuple[str, list[Location]]] | None:
+        """The whole directory from its home in one round trip: each name with its holders, nearest
+        first (staged replicas only of this node). Kept while the home's listing lease lasts (any
+        change there revokes it). None when the home cannot answer exactly: ask every node."""
+        now = trio.current_time()
+        cached = self._listings.get(directory)
+        if cached is not None and cached[1] > now:
+            self._hits += 1
+            return cached[0]
+        revoked = self._revoked
+        try:
+            reply = await self._dir_call(directory, "index_list", directory, self._peers.me)
+        except PeerUnavailable as exc:
+            self._fallbacks += 1
+            log.info("listing %s from every node: %s", directory, exc)
+            return None
+        except OSError as exc:
+            if exc.errno != errno.EFBIG:
+                raise
+            return None  # too big for one reply: every node pages through its own
+        if not reply["complete"]:
+            self._fallbacks += 1
+            return None
+        if not reply["exists"]:
+            raise FileNotFoundError(errno.ENOENT, f"no node holds {directory}")
+        entries: list[tuple[str, list[Location]]] = []
+        for name, holders, home in reply["entries"]:
+            # as the search lists: what is reachable (a holder known to be down is left out), and
+            # staged replicas only on their own node
+            locations = [Location(str(node), Attr.from_wire(attr), None if replica_of is None else str(replica_of))
+                         for node, attr, replica_of in holders
+                         if (replica_of is None or node == self._peers.me) and not self._peers.is_down(str(node))]
+            if not locations:
+                continue
+            entries.append((str(name), sorted(locations, key=lambda loc: self.rank(loc.node))))
+            if home is not None:
+                self._note_home(_join(directory, str(name)), {"home": home, "home_lease": reply["home_lease"]},
+                                now, revoked)
+        lease = float(reply["lease"])
+        if lease > 0 and revoked == self._revoked:
+            self._listings[directory] = (entries, now + lease)
+        return entries
 
     # -- changes -------------------------------------------------------------------
 
@@ -774,21 +1370,21 @@ class IndexLocator:
 
     async def claim(self, path: str, *, is_dir: bool = False) -> Location | None:
         """Before a create here: the holder if `path` exists; else the name is this node's at its home
-        (one round trip; more only for parent directories this export lacks)."""
+        (one round trip; more only for parent directories this export lacks). A new directory's
+        home is at this node's site (`Homes.of_creator`): this node knows it without asking."""
         local = await self._local(path)
         if local is not None:
             return local
         try:
             for parent in await self._ancestors_missing_here(path):
                 directory, name = split_parent(parent)
-                await self._home_call(self.homes.home(directory), "index_claim", directory, name,
-                                      self._peers.me, True, False)
+                await self._dir_call(directory, "index_claim", directory, name, self._peers.me, True, False)
             directory, name = split_parent(path)
-            home = self.homes.home(directory)
             for _ in range(20):
                 try:
-                    others = await self._home_call(home, "index_claim", directory, name, self._peers.me,
-                                                   is_dir, True)
+                    sent, revoked = trio.current_time(), self._revoked
+                    others, stood_in_for = await self._dir_call_via(directory, "index_claim", directory, name,
+                                                                    self._peers.me, is_dir, True)
                     break
                 except OSError as exc:
                     if isinstance(exc, PeerUnavailable) or exc.errno != errno.EAGAIN:
@@ -802,9 +1398,42 @@ class IndexLocator:
             found = self._nearest(others) or Location(str(others[0][0]), Attr.from_wire(others[0][1]))
             self.learn(path, found)  # the create opens it next: not from a "not found" cached before
             return found
+        if stood_in_for is not None:
+            held = await self._check_last_holder(path, stood_in_for)
+            if held is not None:
+                return held
+        if is_dir and self.homes.central is None:
+            self._note_home(path, {"home": self.homes.of_creator(path, self._peers.me),
+                                   "home_lease": self.home_lease}, sent, revoked)
         self._claimed.add(path)
-        self._negative.pop(path, None)
+        self.forget_absent(path, is_dir)  # "not found" for it, and for names in it (kept for a missing parent)
         return None
+
+    async def _check_last_holder(self, path: str, home: str) -> Location | None:
+        """A backup stood in for `home` and could not list it: if this node last saw `path` on a
+        node that is not the home's stand-in's to see (the dead home itself), ask that node, as
+        the search would -- a create must not make a twin of a file that is only out of reach.
+        Returns that node's file when it has it (the claim is withdrawn: the create opens it);
+        raises PeerUnavailable (EIO) when that node cannot be asked."""
+        last = self._flood.last_holder(path)
+        if last is None or last == self._peers.me:
+            return None
+        try:
+            held = await self._peers.call(last, "lookup", path)
+        except PeerUnavailable as exc:
+            await self.withdraw_claim(path)
+            raise PeerUnavailable(last, f"it held {path} when last seen and cannot be asked now (the home "
+                                        f"{home} is down too); try again when it is back") from exc
+        if held is None:
+            return None
+        await self.withdraw_claim(path)
+        found = Location(last, Attr.from_wire(held))
+        self.learn(path, found)
+        return found
+
+    async def withdraw_claim(self, path: str) -> None:
+        self._claimed.add(path)
+        await self.withdraw(path)
 
     async def _claim_by_search(self, path: str, exc: PeerUnavailable) -> Location | None:
         """A home is unreachable: ask every node, as GMount does; announce the create to all of them."""
@@ -815,7 +1444,7 @@ class IndexLocator:
             self._unclaimed.add(path)
             # the indexes of its directory and of the parents made here miss this create
             for directory in {split_parent(p)[0] for p in [path, *await self._ancestors_missing_here(path)]}:
-                self._owe(self.homes.home(directory), directory)
+                self._owe_home_of(directory)
         return found
 
     async def withdraw(self, path: str) -> None:
@@ -823,13 +1452,13 @@ class IndexLocator:
         if path not in self._claimed:
             return
         self._claimed.discard(path)
+        self._homes.pop(path, None)
         directory, name = split_parent(path)
-        home = self.homes.home(directory)
         try:
-            await self._home_call(home, "index_drop", directory, name, [self._peers.me])
+            await self._dir_call(directory, "index_drop", directory, name, [self._peers.me])
         except OSError as exc:
-            log.info("could not withdraw the claim on %s at %s: %s", path, home, exc)
-            self._owe(home, directory)
+            log.info("could not withdraw the claim on %s at the home of %s: %s", path, directory, exc)
+            self._owe_home_of(directory)
 
     async def announce_created(self, path: str, is_dir: bool = False) -> None:
         """A claimed create needs nothing more (the claim told everyone). A name made here without a
@@ -837,59 +1466,80 @@ class IndexLocator:
         location = self._just_created.pop(path, None)
         if path in self._claimed:
             self._claimed.discard(path)
+            if is_dir:
+                await self._seed(path)
             return
         if path in self._unclaimed:
             self._unclaimed.discard(path)
             await self._flood.announce_created(path, is_dir)
             return
         directory, name = split_parent(path)
-        home = self.homes.home(directory)
         try:
-            await self._home_call(home, "index_set", directory, name, self._peers.me,
-                                  None if location is None else location.attr, None, is_dir)
+            await self._dir_call(directory, "index_set", directory, name, self._peers.me,
+                                 None if location is None else location.attr, None, is_dir)
         except OSError as exc:
-            log.info("could not record %s at its home %s: %s; telling every node", path, home, exc)
-            self._owe(home, directory)
+            log.info("could not record %s at the home of %s: %s; telling every node", path, directory, exc)
+            self._owe_home_of(directory)
             await self._flood.announce_created(path, is_dir)
+
+    async def _seed(self, directory: str) -> None:
+        """A mkdir here: tell the new directory's home (at this site) that it starts empty, so
+        the first lookup or create in it does not make the home list every node."""
+        cached = self._homes.get(directory)
+        if cached is None:
+            return
+        try:
+            # this export's copy is watched like a listed one (files copied into it reach the home)
+            await self._peers.call(self._peers.me, "index_listdir", directory, cached[0])
+            await self._home_call(cached[0], "index_seed", directory, self._peers.me)
+        except OSError as exc:
+            log.info("could not tell %s that the new directory %s is empty: %s", cached[0], directory, exc)
 
     async def announce_changed(self, path: str, location: Location) -> None:
         directory, name = split_parent(path)
-        home = self.homes.home(directory)
         try:
-            await self._home_call(home, "index_set", directory, name, location.node, location.attr,
-                                  location.replica_of, location.attr.is_dir)
+            await self._dir_call(directory, "index_set", directory, name, location.node, location.attr,
+                                 location.replica_of, location.attr.is_dir)
         except OSError as exc:
-            log.info("could not record the change of %s at its home %s: %s", path, home, exc)
-            self._owe(home, directory)
+            log.info("could not record the change of %s at the home of %s: %s", path, directory, exc)
+            self._owe_home_of(directory)
 
     async def announce_removed(self, path: str, nodes: list[str], is_dir: bool = False) -> None:
         directory, name = split_parent(path)
-        calls: list[tuple[str, str, tuple[Any, ...]]] = [
-            (self.homes.home(directory), "index_drop", (directory, name, nodes))]
+        own_home: str | None = None
         if is_dir:  # its own index goes too: a directory made again under this name starts empty
-            calls.append((self.homes.home(path), "index_forget", ([path],)))
-        for home, op, args in calls:
+            cached = self._homes.get(path)
+            own_home = cached[0] if cached is not None else None
+            if own_home is None and self.homes.central is not None:
+                own_home = self.homes.home(path)
+            self._forget_homes([path])
+        try:
+            await self._dir_call(directory, "index_drop", directory, name, nodes)
+        except OSError as exc:
+            log.info("could not record the removal of %s at the home of %s: %s", path, directory, exc)
+            self._owe_home_of(directory)
+        if own_home is not None:
             try:
-                await self._home_call(home, op, *args)
+                await self._home_call(own_home, "index_forget", [path])
             except OSError as exc:
-                log.info("could not record the removal of %s at %s: %s", path, home, exc)
-                self._owe(home, directory if op == "index_drop" else path)
+                log.info("could not tell %s, the home of %s, that it is gone: %s", own_home, path, exc)
+                self._owe(own_home, path)
 
     async def announce_renamed(self, src: str, dst: str, is_dir: bool, holders: list[str]) -> None:
         """Drop `src` at its directory's home, record `dst` at its own (revoking "not found"). A
-        directory's descendants change path, and so home: every node forgets their indexes."""
+        directory's descendants change path, and so home: every node forgets their homes and indexes."""
         src_dir, src_name = split_parent(src)
         dst_dir, dst_name = split_parent(dst)
         try:
-            await self._home_call(self.homes.home(src_dir), "index_drop", src_dir, src_name, None)
+            await self._dir_call(src_dir, "index_drop", src_dir, src_name, None)
         except OSError as exc:
             log.info("could not record the rename of %s: %s", src, exc)
-            self._owe(self.homes.home(src_dir), src_dir)
+            self._owe_home_of(src_dir)
         try:
-            await self._home_call(self.homes.home(dst_dir), "index_replace", dst_dir, dst_name, holders, is_dir)
+            await self._dir_call(dst_dir, "index_replace", dst_dir, dst_name, holders, is_dir)
         except OSError as exc:
             log.info("could not record the rename to %s: %s; telling every node", dst, exc)
-            self._owe(self.homes.home(dst_dir), dst_dir)
+            self._owe_home_of(dst_dir)
             await self._flood.announce_created(dst, is_dir)
         if is_dir:
             await self._forget_everywhere([src, dst])
@@ -898,7 +1548,10 @@ class IndexLocator:
         """A change failed half-way: the homes of the paths' directories list them again."""
         for path in paths:
             directory = split_parent(path)[0]
-            home = self.homes.home(directory)
+            try:
+                home = await self._home_node(directory)
+            except PeerUnavailable:
+                continue
             try:
                 await self._home_call(home, "index_forget", [directory])
             except OSError:
@@ -910,9 +1563,9 @@ class IndexLocator:
             try:
                 if node != self._peers.me:
                     self._remote += 1
-                await self._peers.call(node, "index_forget", prefixes)
+                await self._peers.call(node, "index_unhome", prefixes, True)
             except OSError as exc:
-                log.info("could not tell %s to forget the indexes under %s: %s", node, prefixes, exc)
+                log.info("could not tell %s to forget the homes and indexes under %s: %s", node, prefixes, exc)
 
         async with open_nursery() as nursery:
             for node in self.order:
@@ -937,16 +1590,21 @@ class IndexLocator:
             self._just_created.pop(next(iter(self._just_created)))
         self.learn(path, location)
         self._positive.pop(split_parent(path)[0], None)
+        self._listings.pop(split_parent(path)[0], None)
 
     def note_removed(self, path: str) -> None:
         self._positive.pop(path, None)
         self._positive.pop(split_parent(path)[0], None)
+        self._listings.pop(split_parent(path)[0], None)
         self._mark_stale(path)
 
     def note_renamed(self, src: str, dst: str, is_dir: bool) -> None:
         self._forget_cached([src, dst], subtree=is_dir)
-        self._positive.pop(split_parent(src)[0], None)
-        self._positive.pop(split_parent(dst)[0], None)
+        for path in (src, dst):
+            self._positive.pop(split_parent(path)[0], None)
+            self._listings.pop(split_parent(path)[0], None)
+        if is_dir:
+            self._forget_homes([src, dst])
 
     def _forget_cached(self, paths: list[str], subtree: bool = False) -> None:
         for cache in (self._positive, self._negative):
@@ -956,17 +1614,20 @@ class IndexLocator:
                     for key in [k for k in cache if k.startswith(path + "/")]:
                         del cache[key]
         for path in paths:
+            self._listings.pop(split_parent(path)[0], None)
             self._mark_stale(path)
 
     def invalidate(self, path: str) -> None:
         self._positive.pop(path, None)
         self._negative.pop(path, None)
+        self._listings.pop(split_parent(path)[0], None)
         self._mark_stale(path)
         self._flood.invalidate(path)
 
     def forget_absent(self, path: str, is_dir: bool = False) -> None:
         """A home (or a node without one) says `path` exists now: drop "not found" for it and its parents."""
         self._positive.pop(path, None)
+        self._listings.pop(split_parent(path)[0], None)
         if is_dir:
             for key in [k for k in self._negative if k.startswith(path + "/")]:
                 del self._negative[key]
@@ -976,8 +1637,13 @@ class IndexLocator:
             path = split_parent(path)[0]
 
     def forget_all(self) -> None:
+        """A node (re)started: every cache goes, homes included (a restarted home re-reads its
+        records from its backup; asking again costs one round trip per directory)."""
+        self._revoked += 1
         self._positive.clear()
         self._negative.clear()
+        self._homes.clear()
+        self._listings.clear()
         self._flood.forget_all()
 
     def _mark_stale(self, path: str) -> None:
@@ -996,8 +1662,14 @@ class IndexLocator:
 
     @property
     def fallbacks(self) -> int:
-        """Lookups and changes that had to ask every node (a home unreachable or incomplete)."""
+        """Lookups and changes that had to ask every node (a home and its backup unreachable, or
+        a directory not listed on every node)."""
         return self._fallbacks
+
+    @property
+    def takeovers(self) -> int:
+        """Requests sent to a backup because the home did not answer."""
+        return self._takeovers
 
 
 def message_counts(counter: Counter[str]) -> dict[str, int]:

@@ -64,6 +64,7 @@ class Locator(Protocol):
     def rank(self, node: str) -> int: ...
     async def find(self, path: str, *, fresh: bool = False) -> Location | None: ...
     async def find_all(self, path: str, *, strict: bool = False) -> list[Location]: ...
+    async def listing(self, directory: str) -> list[tuple[str, list[Location]]] | None: ...
     async def claim(self, path: str, *, is_dir: bool = False) -> Location | None: ...
     async def withdraw(self, path: str) -> None: ...
     async def announce_created(self, path: str, is_dir: bool = False) -> None: ...
@@ -214,6 +215,10 @@ class FloodLocator:
             log.warning("could not drop stale replica %s: %s", path, exc)
         return False
 
+    async def listing(self, directory: str) -> list[tuple[str, list[Location]]] | None:
+        """No one node knows a whole directory here: None, the namespace asks every node."""
+        return None
+
     async def find_all(self, path: str, *, strict: bool = False) -> list[Location]:
         """Every holder, nearest first, with valid replicas marked (asks all nodes; for `where`).
 
@@ -278,6 +283,10 @@ class FloodLocator:
             return await self.find(path, fresh=True)
         except AbsentForNow:
             return None  # unreachable nodes cannot be asked; a twin there is possible (README)
+
+    def last_holder(self, path: str) -> str | None:
+        """The node last seen holding `path` (kept past the TTL), if any."""
+        return self._last_holder.get(path)
 
     async def withdraw(self, path: str) -> None:
         """The create after `claim` failed: nothing was announced, nothing to undo."""

@@ -124,7 +124,18 @@ class Namespace:
         return [(entry.name, entry.location) for entry in (await self.merged_listing(path)).entries]
 
     async def merged_listing(self, path: str) -> MergedListing:
-        """The merged listing with, for each name, every node that holds it, and who did not answer."""
+        """The merged listing with, for each name, every node that holds it, and who did not answer.
+
+        A locator that knows whole directories (the homed index) answers in one round trip to
+        the directory's home, or none under its lease; otherwise every node is asked."""
+        indexed = await self.locator.listing(path)
+        if indexed is not None:
+            entries = []
+            for name, locations in indexed:
+                if locations[0].replica_of is None:
+                    self.locator.learn(join(path, name), locations[0])
+                entries.append(ListingEntry(name, locations[0], tuple(loc.node for loc in locations)))
+            return MergedListing(entries, [])
         listings: dict[str, list[DirEntry]] = {}
         unreachable: list[str] = []
 

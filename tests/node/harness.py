@@ -69,6 +69,8 @@ class Node:
     index: DirectoryIndex | None = None  # with lookup = "index" or "central": what this node keeps as a home
     watcher: ExportWatcher | None = None  # and what watches its export (scan() by hand: no background task)
     namespace: Namespace = field(init=False)
+    #: the service's table of extra operations (a test replaces a node's index as a restart would)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     async def dispatch(self, session: rpc.Session, op: str, args: list[Any]) -> Any:
         self.served[op] += 1
@@ -192,7 +194,8 @@ async def open_cluster(
         export = Export(node_spec.export)
         info = {"node": name, "site": node_spec.site, "cluster": spec.name, "export": node_spec.export}
         extra = extras[name] = {"created": _created_on(nodes, name)}
-        nodes[name] = Node(name, node_spec.site, Path(export.root), export, NodeService(export, info, extra))
+        nodes[name] = Node(name, node_spec.site, Path(export.root), export, NodeService(export, info, extra),
+                           extra=extra)
     try:
         async with open_nursery() as nursery:
             for node in nodes.values():
@@ -211,12 +214,14 @@ async def open_cluster(
                 else:  # as daemon.py wires it
                     homes = Homes(tuple(nodes), sites, "n1" if lookup == "central" else None)
                     node.index = DirectoryIndex(node.pool, overlay.lookup_order(name),
-                                                lease=IndexLocator.lease_for(negative_ttl))
+                                                lease=IndexLocator.lease_for(negative_ttl), homes=homes)
                     extras[name].update(node.index.operations())
                     node.watcher = ExportWatcher(node.pool, homes)
                     extras[name].update(node.watcher.operations())
-                    node.locator = IndexLocator(node.pool, overlay.lookup_tiers(name), homes, ttl=ttl,
-                                                negative_ttl=negative_ttl)
+                    locator = IndexLocator(node.pool, overlay.lookup_tiers(name), homes, ttl=ttl,
+                                           negative_ttl=negative_ttl, index=node.index)
+                    extras[name].update(locator.operations())
+                    node.locator = locator
                     node.on_disk_change = lambda rel: _forget_indexes(nodes)
                 node.namespace = Namespace(name, sites, node.export, node.pool, node.locator, nursery)
                 node.service.on_created = node.namespace.created_by_put  # as daemon.py wires it

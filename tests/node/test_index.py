@@ -16,8 +16,10 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import signal
 import stat
 import tempfile
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -31,7 +33,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from gmountpy import Cluster as ApiCluster
-from gmountpy import rpc
+from gmountpy import launch, rpc
 from gmountpy.errors import PeerUnavailable
 from gmountpy.node.export import Export
 from gmountpy.node.index import (
@@ -55,6 +57,7 @@ from ..conftest import (
     fuse_problem,
     local_cluster,
     require,
+    wait_for,
 )
 from .harness import Cluster, open_cluster, read_file
 
@@ -63,12 +66,30 @@ SITE_OF = {"n1": "tsukuba", "n2": "tsukuba", "n3": "hongo", "n4": "hongo"}
 
 
 def homed_at(homes: Homes, node: str, prefix: str = "/d") -> str:
-    """A directory path whose home is `node` (to place the home deliberately in a test)."""
+    """A directory path whose hashed home is `node` (the root's rule)."""
     for i in range(1000):
         candidate = f"{prefix}{i}"
         if homes.home(candidate) == node:
             return candidate
     raise AssertionError(f"no directory homed at {node}")
+
+
+def found_at(homes: Homes, node: str, holders: list[str], prefix: str = "/d") -> str:
+    """A directory path that, found on `holders`' disks, is homed at `node` (Homes.of_holders)."""
+    for i in range(1000):
+        candidate = f"{prefix}{i}"
+        if homes.of_holders(candidate, holders) == node:
+            return candidate
+    raise AssertionError(f"no directory on {holders} homed at {node}")
+
+
+def made_at(homes: Homes, node: str, creator: str, prefix: str = "/d") -> str:
+    """A directory path that, made by `creator` through the mount, is homed at `node`."""
+    for i in range(1000):
+        candidate = f"{prefix}{i}"
+        if homes.of_creator(candidate, creator) == node:
+            return candidate
+    raise AssertionError(f"no directory made by {creator} homed at {node}")
 
 
 # ------------------------------------------------------------------ home choice
@@ -115,6 +136,24 @@ def test_central_puts_every_directory_on_one_node() -> None:
         Homes(())
 
 
+def test_creator_and_holder_homes_stay_at_one_site() -> None:
+    homes = Homes(NODES, SITE_OF)
+    for i in range(200):
+        directory = f"/made/{i}"
+        for creator in NODES:
+            home = homes.of_creator(directory, creator)
+            assert SITE_OF[home] == SITE_OF[creator]
+            backup = homes.backup(directory, home)
+            assert backup is not None and backup != home and SITE_OF[backup] == SITE_OF[home]
+            # a directory found only on its creator's disk gets the home its mkdir would have given
+            assert homes.of_holders(directory, [creator]) == home
+        assert homes.of_holders(directory, list(NODES)) == homes.of_holders(directory, list(reversed(NODES)))
+    spread = Counter(homes.of_creator(f"/s{i}", "n3") for i in range(400))
+    assert set(spread) == {"n3", "n4"} and min(spread.values()) > 120  # the site's nodes share the work
+    assert Homes(NODES, SITE_OF, central="n2").of_creator("/x", "n3") == "n2"
+    assert homes.of_holders("/x", []) == homes.home("/x")
+
+
 def test_split_parent() -> None:
     assert split_parent("/a") == ("/", "a")
     assert split_parent("/a/b/c") == ("/a/b", "c")
@@ -147,7 +186,7 @@ async def test_local_hit_costs_no_message(tmp_path: Path) -> None:
 @trio_test
 async def test_remote_hit_and_miss_cost_one_message_to_the_home(tmp_path: Path) -> None:
     async with open_cluster(tmp_path, lookup="index") as cluster:
-        directory = homed_at(homes_of(cluster), "n2")
+        directory = found_at(homes_of(cluster), "n2", ["n1", "n3"])
         cluster["n3"].put(f"{directory}/far", b"far away")
         cluster["n1"].mkdir(directory)
         ns = cluster["n1"].namespace
@@ -179,7 +218,7 @@ async def test_flood_miss_asks_every_other_node(tmp_path: Path) -> None:
 @trio_test
 async def test_create_is_one_round_trip_to_the_home_and_stays_local(tmp_path: Path) -> None:
     async with open_cluster(tmp_path, lookup="index") as cluster:
-        directory = homed_at(homes_of(cluster), "n4")
+        directory = found_at(homes_of(cluster), "n4", list(NODES))
         for node in NODES:
             cluster[node].mkdir(directory)
         ns = cluster["n1"].namespace
@@ -193,15 +232,21 @@ async def test_create_is_one_round_trip_to_the_home_and_stays_local(tmp_path: Pa
         assert total(cluster) == 2 and cluster["n4"].served["index_set"] == 1
         assert cluster.holders(f"{directory}/new") == ["n1"]
         cluster.reset_counts()
+        assert (await cluster["n3"].namespace.lookup(directory)).node == "n3"  # its own: 0 messages
         located = await cluster["n3"].namespace.lookup(f"{directory}/new")
+        # n3 learns the directory's home from the root's home first (its own copy told it nothing)
         assert (located.node, located.attr.size) == ("n1", len(b"data stays here"))
-        assert total(cluster) == 1
+        assert total(cluster) == 2
+        cluster.reset_counts()
+        with pytest.raises(FileNotFoundError):
+            await cluster["n3"].namespace.lookup(f"{directory}/other")
+        assert total(cluster) == 1  # the home is known now: one round trip
 
 
 @trio_test
 async def test_create_revokes_the_not_found_every_node_was_given(tmp_path: Path) -> None:
     async with open_cluster(tmp_path, lookup="index") as cluster:
-        directory = homed_at(homes_of(cluster), "n2")
+        directory = found_at(homes_of(cluster), "n4", ["n3"])
         cluster["n3"].mkdir(directory)
         path = f"{directory}/out"
         for node in ("n1", "n2", "n4"):
@@ -209,9 +254,9 @@ async def test_create_revokes_the_not_found_every_node_was_given(tmp_path: Path)
                 await cluster[node].namespace.lookup(path)  # leased "not found" (60 s)
         cluster.reset_counts()
         handle = await cluster["n3"].namespace.create(path, os.O_WRONLY, 0o644)
-        # n3 -> n2 (claim); n2 -> n1, n4 ("created": the leases n2 handed out); n2 is the home itself
-        assert cluster["n2"].served["index_claim"] == 1
-        assert cluster.served("created") == {"n1": 1, "n2": 0, "n3": 0, "n4": 1}
+        # n3 -> n4 (claim); n4 -> n1, n2 ("created": the leases n4 handed out); n4 is the home itself
+        assert cluster["n4"].served["index_claim"] == 1
+        assert cluster.served("created") == {"n1": 1, "n2": 1, "n3": 0, "n4": 0}
         await cluster["n3"].namespace.write(handle, 0, b"made on n3")
         await cluster["n3"].namespace.release(handle)
         for node in ("n1", "n2", "n4"):
@@ -263,9 +308,9 @@ async def test_unlink_rename_rmdir_keep_the_index_exact(tmp_path: Path) -> None:
 @trio_test(frozen_clock=True)
 async def test_files_put_straight_into_an_export_reach_the_home_at_the_next_scan(tmp_path: Path) -> None:
     async with open_cluster(tmp_path, lookup="index", ttl=1.0) as cluster:
-        directory = homed_at(homes_of(cluster), "n2")
+        directory = found_at(homes_of(cluster), "n4", ["n3"])
         cluster["n3"].mkdir(directory)
-        for node in ("n1", "n4"):
+        for node in ("n1", "n2"):
             with pytest.raises(FileNotFoundError):
                 await cluster[node].namespace.lookup(f"{directory}/copied")  # leased "not found"
         (cluster["n3"].path(directory) / "copied").write_bytes(b"cp'd in")  # behind everyone's back
@@ -273,9 +318,9 @@ async def test_files_put_straight_into_an_export_reach_the_home_at_the_next_scan
         assert watcher is not None
         cluster.reset_counts()
         assert await watcher.scan() == 1  # one directory changed: its listing goes to its home
-        assert cluster["n2"].served["index_sync"] == 1
-        assert cluster.served("created") == {"n1": 1, "n2": 0, "n3": 0, "n4": 1}  # the leases revoked
-        for node in ("n1", "n4"):
+        assert cluster["n4"].served["index_sync"] == 1
+        assert cluster.served("created") == {"n1": 1, "n2": 1, "n3": 0, "n4": 0}  # the leases revoked
+        for node in ("n1", "n2"):
             assert (await cluster[node].namespace.lookup(f"{directory}/copied")).node == "n3"
         cluster.reset_counts()
         assert await watcher.scan() == 0 and total(cluster) == 0  # nothing changed: nothing sent
@@ -287,14 +332,20 @@ async def test_files_put_straight_into_an_export_reach_the_home_at_the_next_scan
 
 
 @trio_test
-async def test_dead_home_falls_back_to_asking_every_node(tmp_path: Path) -> None:
+async def test_dead_home_and_dead_backup_fall_back_to_asking_every_node(tmp_path: Path) -> None:
     async with open_cluster(tmp_path, lookup="index", retry_after=0.3) as cluster:
-        directory = homed_at(homes_of(cluster), "n4")
-        cluster["n3"].put(f"{directory}/kept", b"k")
-        cluster.stop("n4")
-        await trio.sleep(0.05)
+        homes = homes_of(cluster)
+        directory = found_at(homes, "n4", ["n2", "n3"])
+        assert homes.backup(directory, "n4") == "n3"
+        cluster["n2"].put(f"{directory}/kept", b"k")
+        cluster["n3"].mkdir(directory)
         ns = cluster["n1"].namespace
-        assert (await ns.lookup(f"{directory}/kept")).node == "n3"  # found by the search
+        assert (await ns.lookup(f"{directory}/kept")).node == "n2"  # n1 knows the home now
+        cluster.stop("n4")
+        cluster.stop("n3")
+        await trio.sleep(0.05)
+        cluster["n1"].locator.invalidate(f"{directory}/kept")
+        assert (await ns.lookup(f"{directory}/kept")).node == "n2"  # found by the search
         with pytest.raises(AbsentForNow):  # ENOENT that neither daemon nor kernel keeps
             await ns.lookup(f"{directory}/missing")
         handle = await ns.create(f"{directory}/made", os.O_WRONLY, 0o644)  # creates still work
@@ -308,7 +359,7 @@ async def test_dead_home_falls_back_to_asking_every_node(tmp_path: Path) -> None
 async def test_holder_down_is_eio_at_open_not_absence(tmp_path: Path) -> None:
     """With an index the home answers the lookup; the dead holder's EIO comes at open."""
     async with open_cluster(tmp_path, lookup="index", retry_after=0.3) as cluster:
-        directory = homed_at(homes_of(cluster), "n2")
+        directory = found_at(homes_of(cluster), "n4", ["n3"])
         cluster["n3"].put(f"{directory}/held", b"x")
         assert (await cluster["n1"].namespace.lookup(f"{directory}/held")).node == "n3"
         cluster.stop("n3")
@@ -344,6 +395,235 @@ async def test_central_sends_every_index_request_to_one_node(tmp_path: Path) -> 
                                     if op.startswith("index_") and op != "index_listdir")
                           for name, node in cluster.nodes.items()}
         assert index_requests["n1"] >= 2 and index_requests["n2"] == index_requests["n3"] == 0
+
+
+async def known_home(cluster: Cluster, node: str, directory: str) -> str | None:
+    locator = cluster[node].locator
+    assert isinstance(locator, IndexLocator)
+    return await locator.home_of(directory)
+
+
+@trio_test
+async def test_mkdir_homes_the_directory_at_the_creators_site(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        homes = homes_of(cluster)
+        ns = cluster["n3"].namespace
+        top = made_at(homes, "n4", "n3", "/top")  # homed at n4, the creator n3's site-mate
+        await ns.mkdir(top, 0o755)
+        sub = made_at(homes, "n4", "n3", f"{top}/sub")
+        cluster.reset_counts()
+        await ns.mkdir(sub, 0o755)
+        # the claim at top's home n4 (seeded empty by top's mkdir: no listing of every node), which
+        # copies the new record to its backup n3; then n3 seeds sub's index at its home n4
+        assert total(cluster) == 3
+        assert cluster["n4"].served["index_claim"] == 1 and cluster["n3"].served["index_records"] == 1
+        assert cluster["n4"].served["index_seed"] == 1
+        cluster.reset_counts()
+        with pytest.raises(FileNotFoundError):
+            await ns.lookup(f"{sub}/missing")  # n3 knows the home it made: one round trip, intra-site
+        assert total(cluster) == 1 and cluster["n4"].served["index_lookup"] == 1
+        cluster.reset_counts()
+        handle = await ns.create(f"{sub}/out", os.O_WRONLY | os.O_EXCL, 0o644)
+        await ns.release(handle)
+        assert cluster.served("index_claim") == {"n1": 0, "n2": 0, "n3": 0, "n4": 1}
+        # every node agrees where the homes are (n1 asks top's home for sub's once, then knows)
+        for node in NODES:
+            assert await known_home(cluster, node, top) == "n4"
+            assert await known_home(cluster, node, sub) == "n4"
+        cluster.reset_counts()
+        assert (await cluster["n1"].namespace.lookup(f"{sub}/out")).node == "n3"
+        assert total(cluster) == 1 and cluster["n4"].served["index_lookup"] == 1
+        # a directory n1 makes under n3's gets a home at n1's site
+        other = made_at(homes, "n2", "n1", f"{top}/theirs")
+        await cluster["n1"].namespace.mkdir(other, 0o755)
+        for node in NODES:
+            assert await known_home(cluster, node, other) == "n2"
+
+
+@trio_test
+async def test_directory_found_in_exports_is_homed_over_its_holders(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        homes = homes_of(cluster)
+        directory = found_at(homes, "n3", ["n3", "n4"], "/found")
+        cluster["n3"].put(f"{directory}/a", b"a")
+        cluster["n4"].put(f"{directory}/b", b"b")
+        for node in NODES:
+            assert await known_home(cluster, node, directory) == "n3"
+        with pytest.raises(FileNotFoundError):
+            await cluster["n2"].namespace.lookup(f"{directory}/warm-up")  # n3 lists it from every node once
+        cluster.reset_counts()
+        assert (await cluster["n1"].namespace.lookup(f"{directory}/b")).node == "n4"
+        assert total(cluster) == 1 and cluster["n3"].served["index_lookup"] == 1
+        assert await known_home(cluster, "n1", f"{directory}/a") is None  # a file has no home
+
+
+@trio_test
+async def test_readdir_is_one_message_to_the_home_then_none_under_the_lease(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        homes = homes_of(cluster)
+        directory = found_at(homes, "n2", ["n1", "n3", "n4"], "/listed")
+        cluster["n1"].put(f"{directory}/one", b"1")
+        cluster["n3"].put(f"{directory}/three", b"333")
+        cluster["n4"].put(f"{directory}/four", b"4444")
+        cluster["n4"].put(f"{directory}/one", b"twin on n4")
+        cluster["n3"].mkdir(f"{directory}/sub")
+        ns = cluster["n1"].namespace
+        assert await known_home(cluster, "n1", directory) == "n2"
+        with pytest.raises(FileNotFoundError):
+            await cluster["n4"].namespace.lookup(f"{directory}/warm-up")  # n2 lists it from every node once
+        cluster.reset_counts()
+        listing = await ns.merged_listing(directory)
+        assert total(cluster) == 1 and cluster["n2"].served["index_list"] == 1
+        got = {e.name: (e.location.node, e.location.attr.size, e.holders) for e in listing.entries}
+        assert {name: (node, holders) for name, (node, _, holders) in got.items()} == {
+            "one": ("n1", ("n1", "n4")), "three": ("n3", ("n3",)), "four": ("n4", ("n4",)), "sub": ("n3", ("n3",))}
+        assert got["four"][1] == 4 and listing.unreachable == []
+        cluster.reset_counts()
+        assert [e.name for e in (await ns.merged_listing(directory)).entries] == [e.name for e in listing.entries]
+        assert total(cluster) == 0  # under the listing lease
+        # the subdirectory's home came with the listing: a lookup in it asks that home only
+        # (plus, this once, that home listing the subdirectory from every node)
+        with pytest.raises(FileNotFoundError):
+            await ns.lookup(f"{directory}/sub/missing")
+        assert sum(cluster.served("index_lookup").values()) == 1 and cluster["n2"].served["index_lookup"] == 0
+        # a create elsewhere revokes the lease before it returns; the next listing shows it
+        cluster.reset_counts()
+        handle = await cluster["n4"].namespace.create(f"{directory}/new", os.O_WRONLY | os.O_EXCL, 0o644)
+        await cluster["n4"].namespace.release(handle)
+        assert cluster["n1"].served["index_unlist"] == 1
+        cluster.reset_counts()
+        assert "new" in [e.name for e in (await ns.merged_listing(directory)).entries]
+        assert total(cluster) == 1
+        # a change made here drops this node's own copy (no message needed for that)
+        handle = await ns.create(f"{directory}/mine", os.O_WRONLY | os.O_EXCL, 0o644)
+        await ns.release(handle)
+        assert "mine" in [e.name for e in (await ns.merged_listing(directory)).entries]
+
+
+@trio_test
+async def test_flood_readdir_asks_every_node(tmp_path: Path) -> None:
+    """The baseline: every listing asks each other node."""
+    async with open_cluster(tmp_path, lookup="flood") as cluster:
+        cluster["n3"].put("/listed/x", b"x")
+        cluster.reset_counts()
+        await cluster["n1"].namespace.merged_listing("/listed")
+        await cluster["n1"].namespace.merged_listing("/listed")
+        assert total(cluster) == 6
+
+
+@trio_test
+async def test_verify_misses_asks_the_directorys_holders_so_a_copied_in_file_is_no_twin(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        directory = found_at(homes_of(cluster), "n4", ["n3", "n4"], "/verified")
+        cluster["n3"].put(f"{directory}/old", b"o")
+        cluster["n4"].mkdir(directory)
+        ns = cluster["n1"].namespace
+        for path in ("copied", "fresh", "fresh-too"):
+            with pytest.raises(FileNotFoundError):
+                await ns.lookup(f"{directory}/{path}")
+        (cluster["n3"].path(directory) / "copied").write_bytes(b"copied in")  # no scan has run yet
+        # by default (until n3's next scan) the home does not know it: the create makes a twin
+        handle = await ns.create(f"{directory}/copied", os.O_WRONLY | os.O_EXCL, 0o644)
+        await ns.release(handle)
+        assert cluster.holders(f"{directory}/copied") == ["n1", "n3"]
+        index = cluster["n4"].index
+        assert index is not None
+        index.verify_misses = True
+        handle = await ns.create(f"{directory}/fresh", os.O_WRONLY | os.O_EXCL, 0o644)
+        await ns.release(handle)
+        (cluster["n3"].path(directory) / "fresh-too").write_bytes(b"copied in too")
+        cluster.reset_counts()
+        with pytest.raises(FileExistsError):
+            await ns.create(f"{directory}/fresh-too", os.O_WRONLY | os.O_EXCL, 0o644)
+        # the claim at n4, and n4 asking n3 (the other node holding the directory; n4 looks itself)
+        assert total(cluster) == 2 and cluster["n3"].served["lookup"] == 1
+        assert cluster.holders(f"{directory}/fresh-too") == ["n3"]
+        assert (await cluster["n2"].namespace.lookup(f"{directory}/fresh-too")).node == "n3"
+        # a lookup miss is checked the same way: the file copied in is found at once
+        (cluster["n3"].path(directory) / "seen-at-once").write_bytes(b"s")
+        cluster.reset_counts()
+        assert (await cluster["n2"].namespace.lookup(f"{directory}/seen-at-once")).node == "n3"
+        # n4 (the home) asks n3 and n1 -- n1 holds the directory too since its creates there
+        assert total(cluster) == 3 and cluster.served("lookup") == {"n1": 1, "n2": 0, "n3": 1, "n4": 0}
+        cluster.reset_counts()
+        with pytest.raises(FileNotFoundError) as info:
+            await cluster["n2"].namespace.lookup(f"{directory}/nowhere")
+        assert not isinstance(info.value, AbsentForNow) and total(cluster) == 3  # checked, then leased
+        cluster.reset_counts()
+        with pytest.raises(FileNotFoundError):
+            await cluster["n2"].namespace.lookup(f"{directory}/nowhere")
+        assert total(cluster) == 0
+
+
+def fresh_index(cluster: Cluster, name: str) -> DirectoryIndex:
+    """A restarted daemon's index: empty (its records and leases died with the process)."""
+    node = cluster[name]
+    old = node.index
+    assert old is not None and old.homes is not None
+    node.index = DirectoryIndex(node.pool, old.order, lease=old.lease, homes=old.homes)
+    node.extra.update(node.index.operations())
+    locator = node.locator
+    assert isinstance(locator, IndexLocator)
+    locator.index = node.index
+    return node.index
+
+
+@trio_test
+async def test_home_killed_the_backup_at_its_site_takes_over_and_the_home_converges_after_restart(
+        tmp_path: Path) -> None:
+    async with open_cluster(tmp_path, lookup="index", retry_after=30.0) as cluster:
+        homes = homes_of(cluster)
+        directory = found_at(homes, "n4", ["n2", "n3"], "/failover")
+        assert homes.backup(directory, "n4") == "n3"
+        cluster["n2"].put(f"{directory}/kept", b"kept on n2")
+        cluster["n3"].mkdir(directory)
+        ns = cluster["n1"].namespace
+        assert (await ns.lookup(f"{directory}/kept")).node == "n2"  # n1 knows the home n4
+        assert cluster["n3"].index is not None
+        cluster["n3"].index.backup_refresh = 60.0  # no re-listing in the middle of the counted steps
+        cluster.stop("n4")  # kill -9: its port refuses, its index is gone
+        fresh_index(cluster, "n4")
+        await trio.sleep(0.05)
+        with pytest.raises(AbsentForNow):  # the miss is answered (by the backup), not kept anywhere
+            await ns.lookup(f"{directory}/missing")
+        assert cluster["n3"].served["index_backup"] == 1
+        cluster.reset_counts()
+        with pytest.raises(AbsentForNow):
+            await ns.lookup(f"{directory}/missing-too")
+        assert total(cluster) == 1 and cluster["n3"].served["index_backup"] == 1  # n4 known down: straight to n3
+        cluster.reset_counts()
+        ns_locator = cluster["n1"].locator
+        ns_locator.invalidate(f"{directory}/kept")
+        assert (await ns.lookup(f"{directory}/kept")).node == "n2"
+        assert total(cluster) == 1 and cluster["n3"].served["index_backup"] == 1
+        cluster.reset_counts()
+        handle = await ns.create(f"{directory}/made", os.O_WRONLY | os.O_EXCL, 0o644)
+        await ns.write(handle, 0, b"made during the outage")
+        await ns.release(handle)
+        # claim and close, each one round trip to the stand-in, which tells every node of the create
+        # (it cannot know whom the dead home had told "not found")
+        assert cluster["n3"].served["index_backup"] == 2 and cluster["n2"].served["created"] == 1
+        await ns.mkdir(f"{directory}/sub", 0o755)
+        assert isinstance(ns_locator, IndexLocator) and ns_locator.fallbacks == 0
+        for node in ("n2", "n3"):
+            found = await cluster[node].namespace.lookup(f"{directory}/made")
+            assert (found.node, found.attr.size) == ("n1", len(b"made during the outage"))
+        # n4 comes back with an empty index: it lists the directory again, takes the subdirectory's
+        # home from its backup, and hands out leases again
+        await cluster.restart("n4")
+        for node in NODES:
+            cluster[node].pool.set_peers(cluster.addresses())
+            cluster[node].locator.forget_all()
+        await ns_locator.flush_owed()
+        cluster.reset_counts()
+        assert (await cluster["n2"].namespace.lookup(f"{directory}/made")).node == "n1"
+        assert cluster["n4"].served["index_lookup"] >= 1 and cluster["n3"].served["index_backup"] == 0
+        with pytest.raises(FileNotFoundError) as info:
+            await cluster["n2"].namespace.lookup(f"{directory}/still-missing")
+        assert not isinstance(info.value, AbsentForNow)  # leased again
+        assert await known_home(cluster, "n2", f"{directory}/sub") == homes.of_creator(f"{directory}/sub", "n1")
+        names = {e.name for e in (await cluster["n2"].namespace.merged_listing(directory)).entries}
+        assert names == {"kept", "made", "sub"}
 
 
 # ------------------------------------------------- DirectoryIndex alone (a fake network of one home)
@@ -524,14 +804,17 @@ class IndexNetwork(RuleBasedStateMachine):
                 [n for n in NODES if SITE_OF[n] != SITE_OF[node]]
         tiers = [(node,), tuple(order[1:2]), tuple(order[2:])]
         # rescan 0: never list again by age, so only the owed rebuilds can repair what a lost message missed
-        self.indexes[node] = DirectoryIndex(peers, order, lease=IndexLocator.lease_for(NEGATIVE_TTL), rescan=0)
-        self.locators[node] = IndexLocator(peers, tiers, Homes(NODES, SITE_OF), ttl=TTL, negative_ttl=NEGATIVE_TTL)
+        self.indexes[node] = DirectoryIndex(peers, order, lease=IndexLocator.lease_for(NEGATIVE_TTL), rescan=0,
+                                            homes=Homes(NODES, SITE_OF))
+        self.locators[node] = IndexLocator(peers, tiers, Homes(NODES, SITE_OF), ttl=TTL, negative_ttl=NEGATIVE_TTL,
+                                           index=self.indexes[node])
         self.watchers[node] = ExportWatcher(peers, Homes(NODES, SITE_OF))
         namespace = self.namespaces[node] = Namespace(node, SITE_OF, self.exports[node], peers,  # type: ignore[arg-type]
                                                       self.locators[node])
         self.extras[node].clear()
         self.extras[node].update(self.indexes[node].operations())
         self.extras[node].update(self.watchers[node].operations())
+        self.extras[node].update(self.locators[node].operations())
         self.extras[node]["created"] = namespace.created_elsewhere
 
     def teardown(self) -> None:
@@ -721,6 +1004,59 @@ class IndexNetwork(RuleBasedStateMachine):
             self.locators[other].forget_all()
             self.indexes[other].forget_all()
 
+    @rule(down=st.sampled_from(NODES), node=st.sampled_from(NODES), path=st.sampled_from(PATHS),
+          data=st.binary(max_size=20), make_dir=st.booleans())
+    def crash_for_a_while_then_restart(self, down: str, node: str, path: str, data: bytes, make_dir: bool) -> None:
+        """kill -9 of a node -- a home, a backup, a holder -- for a while: a create (or mkdir) of a
+        new name from another node still works (through the backup, else by asking every node),
+        every lookup from it is answered (misses included) for what live nodes hold; then the node
+        comes back with an empty index and caches, and everything converges (the invariant)."""
+        if node == down:
+            return
+        holders, _ = self._disk()
+        creatable = self._parent_ok(path) and path not in self.files and path not in self.dirs
+        ns = self.namespaces[node]
+        outcome: list[BaseException | None] = [None]
+
+        async def outage() -> None:
+            if creatable:
+                try:
+                    if make_dir:
+                        await ns.mkdir(path, 0o755)
+                    else:
+                        handle = await ns.create(path, os.O_WRONLY | os.O_EXCL, 0o644)
+                        try:
+                            await ns.write(handle, 0, data)
+                        finally:
+                            await ns.release(handle)
+                except OSError as exc:
+                    outcome[0] = exc
+            live_files = {p for p, nodes in holders.items() if any(n != down for n in nodes)}
+            if creatable and outcome[0] is None and not make_dir:
+                live_files.add(path)
+            for other in PATHS:
+                try:
+                    location = await ns.lookup(other)
+                except FileNotFoundError:
+                    assert other not in live_files, f"{node} does not see {other} while {down} is down"
+                    continue
+                except OSError as exc:  # EIO: held by the node that is down, and only by it
+                    assert other not in live_files, f"{node}: {other} is on a live node, yet {exc!r}"
+                    continue
+                if other in live_files:
+                    assert location.attr.is_file, (node, other, location)
+
+        self.net.cut, self.net.lose_replies = down, False
+        try:
+            trio.run(outage, clock=self.clock)
+        finally:
+            self.net.cut = None
+        error = outcome[0]
+        assert error is None, f"{node} could not make {path} (new everywhere) while {down} was down: {error!r}"
+        self.restart(down)
+        self.faulty = True
+        self._model_from_disk()  # what the create did is what the disks say
+
     # -- the check ------------------------------------------------------------------
 
     async def _check_one(self, node: str, path: str) -> None:
@@ -795,6 +1131,24 @@ def _write(cluster: LocalCluster, node: str, rel: str, data: bytes) -> None:
         f.write(data)
 
 
+def _settled(api: ApiCluster, quiet: float = 0.5, timeout: float = 10.0) -> dict[str, dict[str, int]]:
+    """The counters once no node has sent anything for `quiet` seconds.
+
+    close(2) returns before the kernel sends RELEASE, and the new size reaches the
+    home (`index_set`, which revokes listing leases) at release: on a loaded machine
+    that can land after the next step of a test began, and be counted there.
+    """
+    deadline = time.monotonic() + timeout
+    last = api.counters()
+    while time.monotonic() < deadline:
+        time.sleep(quiet)
+        now = api.counters()
+        if now == last:
+            return now
+        last = now
+    raise AssertionError(f"the nodes kept sending messages for {timeout} s: {last}")
+
+
 def test_mount_lookup_mode_is_index(mounted: LocalCluster) -> None:
     assert mounted.spec.tuning.lookup == "index"
     counters = ApiCluster.open(mounted.spec.name).counters()
@@ -836,10 +1190,10 @@ def test_mount_rotating_writers_make_no_twins(mounted: LocalCluster) -> None:
 
 
 def test_mount_miss_remote_hit_and_create_cost_at_most_one_message(mounted: LocalCluster) -> None:
-    homes = Homes(tuple(mounted.spec.nodes))
-    directory = homed_at(homes, "n2", f"/counted-{uuid.uuid4().hex[:6]}-")
+    homes = Homes(tuple(mounted.spec.nodes), {n: s.site for n, s in mounted.spec.nodes.items()})
+    directory = made_at(homes, "n2", "n1", f"/counted-{uuid.uuid4().hex[:6]}-")
     top = mounted.mount("n1") / directory.lstrip("/")
-    top.mkdir()  # on n1: its own lookups of the directory cost nothing
+    top.mkdir()  # on n1, so homed at n1's site: n1 knows the home without asking
     _write(mounted, "n3", f"{directory.lstrip('/')}/far", b"held by n3")
     assert not (top / "warm-up").exists()
 
@@ -868,3 +1222,95 @@ def test_mount_miss_remote_hit_and_create_cost_at_most_one_message(mounted: Loca
     assert sent_by(closed, created) == {"n1": {"index_set": 1}}  # the new size, to the home
     assert [n for n in NODES if (mounted.export(n) / directory.lstrip("/") / "new").exists()] == ["n1"]
     assert (mounted.mount("n4") / directory.lstrip("/") / "new").read_bytes() == b"stays on n1"
+
+
+def _sites(cluster: LocalCluster) -> Homes:
+    return Homes(tuple(cluster.spec.nodes), {n: s.site for n, s in cluster.spec.nodes.items()})
+
+
+def test_mount_readdir_is_one_message_to_the_home_then_none_under_the_lease(mounted: LocalCluster) -> None:
+    directory = made_at(_sites(mounted), "n2", "n1", f"/listed-{uuid.uuid4().hex[:6]}-")
+    rel = directory.lstrip("/")
+    (mounted.mount("n1") / rel).mkdir()
+    for node in NODES:
+        _write(mounted, node, f"{rel}/from-{node}", node.encode())
+    expected = sorted(f"from-{node}" for node in NODES)
+    api = ApiCluster.open(mounted.spec.name)
+    _settled(api)  # the writes' releases have reached the home
+    assert sorted(os.listdir(mounted.mount("n3") / rel)) == expected  # n3 learns the home (another site)
+    before = api.counters()
+    assert sorted(os.listdir(mounted.mount("n1") / rel)) == expected
+    after = api.counters()
+    assert sent_by(after, before) == {"n1": {"index_list": 1}}  # the whole listing from the home n2
+    # again, within the listing lease (about a second): nothing is sent. Under a loaded machine
+    # the lease may run out between two listings, so a few tries are allowed.
+    quiet = []
+    for _ in range(5):
+        start = api.counters()
+        assert sorted(os.listdir(mounted.mount("n1") / rel)) == expected
+        quiet.append(sent_by(api.counters(), start))
+        if quiet[-1] == {}:
+            break
+    assert quiet[-1] == {}, quiet
+    # a create elsewhere revokes the lease at once: the next listing shows it
+    _write(mounted, "n4", f"{rel}/late", b"late")
+    assert "late" in os.listdir(mounted.mount("n1") / rel)
+
+
+def test_mount_directory_made_through_a_mount_is_homed_at_its_creators_site(mounted: LocalCluster) -> None:
+    directory = made_at(_sites(mounted), "n1", "n1", f"/own-{uuid.uuid4().hex[:6]}-")  # homed at n1 itself
+    rel = directory.lstrip("/")
+    (mounted.mount("n1") / rel).mkdir()
+    api = ApiCluster.open(mounted.spec.name)
+    before = api.counters()
+    assert not (mounted.mount("n1") / rel / "missing").exists()
+    _write(mounted, "n1", f"{rel}/made-here", b"x")  # lookup, claim, closing size: all at home, here
+    assert sorted(os.listdir(mounted.mount("n1") / rel)) == ["made-here"]
+    assert sent_by(api.counters(), before) == {}  # a site's own directory: no message at all
+    # a site-mate learns the home once, then a miss is one intra-site message to n1
+    assert not (mounted.mount("n2") / rel / "first").exists()
+    again = api.counters()
+    assert not (mounted.mount("n2") / rel / "second").exists()
+    assert sent_by(api.counters(), again) == {"n2": {"index_lookup": 1}}
+
+
+INDEX_KILL_TUNING = INDEX_TUNING + "\nindex_rescan = 30.0"
+
+
+def test_mount_home_killed_backup_takes_over_and_the_home_converges_after_restart(tmp_path: Path) -> None:
+    """kill -9 of a directory's home daemon (2 sites x 2 nodes): its backup at the same site
+    answers lookups, misses and creates from both sites; after `gmount up` restarts it, every
+    node sees everything through the home again."""
+    require("FUSE", fuse_problem())
+    with local_cluster(tmp_path, f"ixkill-{os.getpid()}", FOUR_NODES, FOUR_NODE_LINKS, INDEX_KILL_TUNING) as cluster:
+        directory = made_at(_sites(cluster), "n2", "n1", "/work-")  # homed at n2; its backup is n1
+        assert _sites(cluster).backup(directory, "n2") == "n1"
+        rel = directory.lstrip("/")
+        (cluster.mount("n1") / rel).mkdir()
+        _write(cluster, "n1", f"{rel}/a", b"from n1")
+        _write(cluster, "n3", f"{rel}/b", b"from n3")
+        assert sorted(os.listdir(cluster.mount("n4") / rel)) == ["a", "b"]
+        os.kill(cluster.state.nodes["n2"].pid, signal.SIGKILL)
+        for node in ("n1", "n3", "n4"):
+            assert (cluster.mount(node) / rel / "b").read_bytes() == b"from n3"
+            assert (cluster.mount(node) / rel / "a").read_bytes() == b"from n1"
+            assert not (cluster.mount(node) / rel / f"missing-{node}").exists()  # answered, not EIO
+        _write(cluster, "n4", f"{rel}/c", b"made while n2 was down")
+        _write(cluster, "n1", f"{rel}/d", b"also")
+        for node in ("n1", "n3", "n4"):  # hand-off rule 1 holds through the stand-in
+            assert (cluster.mount(node) / rel / "c").read_bytes() == b"made while n2 was down"
+            assert sorted(os.listdir(cluster.mount(node) / rel)) == ["a", "b", "c", "d"]
+        launch.up(cluster.spec)  # n2 comes back, its index empty
+        assert wait_for(lambda: os.path.isdir(cluster.mount("n2") / rel), timeout=10)
+        for node in NODES:
+            assert sorted(os.listdir(cluster.mount(node) / rel)) == ["a", "b", "c", "d"]
+            assert (cluster.mount(node) / rel / "c").read_bytes() == b"made while n2 was down"
+        api = ApiCluster.open(cluster.spec.name)
+        counters = api.counters()
+        assert sum(row.get("messages.index_backup", 0) for row in counters.values()) > 0  # the stand-in served
+        before = api.counters()
+        assert not (cluster.mount("n3") / rel / "missing-after").exists()
+        _write(cluster, "n3", f"{rel}/e", b"after")
+        assert (cluster.mount("n1") / rel / "e").read_bytes() == b"after"
+        sent = sent_by(api.counters(), before)
+        assert all("index_backup" not in ops for ops in sent.values()), sent  # the home answers again
