@@ -170,8 +170,12 @@ class RpcClient:
             pending.event.set()
 
     async def aclose(self) -> None:
+        """Close the connection; one the peer (or the reader) is closing at the same moment is no error."""
         self._fail_all("closed")
-        await self._stream.aclose()
+        try:
+            await self._stream.aclose()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # a TLS close_notify to a peer that just went away
 
 
 @dataclass

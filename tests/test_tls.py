@@ -191,3 +191,27 @@ def test_gmount_up_renews_expiring_certificates_of_a_running_cluster(tmp_path, m
         assert wait_for(lambda: run_sync(call, state, "n2", "stats")["peer_handles"] == 0)
         stats = run_sync(call, state, "n2", "stats")
         assert stats["requests_refused"] == 0 and stats["requests_in_progress"] == 1  # this very request
+
+
+async def _close_after_the_transport_went(credentials, client_ca: str) -> bool:  # type: ignore[no-untyped-def]
+    async with open_nursery() as nursery:
+        serve = functools.partial(rpc.serve, secret=SECRET, name="n1", ssl_context=server_context(credentials))
+        listeners = await nursery.start(serve, "127.0.0.1", 0, echo)
+        port = listeners[0].socket.getsockname()[1]
+        try:
+            client = await rpc.connect(nursery, "127.0.0.1", port, secret=SECRET, name="n2", peer="n1",
+                                       ssl_context=client_context(client_ca), timeout=5)
+            assert await client.call("hello") == ["hello", []]
+            # what the reader does when the peer shuts down, at the moment the owner closes too
+            client._stream.transport_stream.socket.close()  # type: ignore[attr-defined]
+            await client.aclose()
+            return client.closed
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+def test_closing_a_tls_connection_whose_socket_is_already_gone_is_no_error() -> None:
+    """Seen in a test run: a daemon shut down, its reader closed the socket, and the client's own
+    aclose then raised ClosedResourceError sending TLS close_notify."""
+    ca, creds = make_cluster_credentials("c", ["n1", "n2"])
+    assert trio.run(_close_after_the_transport_went, creds["n1"], ca)
