@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
@@ -77,7 +78,8 @@ def run_command(cluster_file: str, command: tuple[str, ...], site: str | None) -
 
     `{cluster}` in COMMAND is replaced by the emulated cluster file, so a workflow runs under the
     WAN with one line, e.g. `run C.toml -- gmount pipeline montage --cluster {cluster}` (COMMAND after `--`). COMMAND's
-    exit status is this command's; teardown also happens on errors and Ctrl-C.
+    exit status is this command's. Teardown also happens on errors, Ctrl-C and SIGTERM (passed on
+    to COMMAND first, so a pipeline's make stops its jobs before the mounts go).
     """
     with wan.emulate(cluster_file) as emu:
         where = site or next(iter(emu.netns))
@@ -86,10 +88,27 @@ def run_command(cluster_file: str, command: tuple[str, ...], site: str | None) -
         with wan.gmount_cluster(emu):
             argv = [part.replace("{cluster}", emu.cluster_file) for part in command]
             click.echo(f"running in site {where} ({emu.netns[where]}): {' '.join(argv)}", err=True)
-            returncode = subprocess.run(["nsenter", f"--net=/run/netns/{emu.netns[where]}", "--", *argv],
-                                        check=False).returncode
+            returncode = _run_forwarding_signals(["nsenter", f"--net=/run/netns/{emu.netns[where]}", "--", *argv])
     if returncode != 0:
         raise SystemExit(returncode)
+
+
+def _run_forwarding_signals(argv: list[str], grace: float = 30.0) -> int:
+    """Run `argv`; SIGTERM is passed on to it, and after Ctrl-C (which the terminal sends to it too)
+    it gets `grace` seconds to stop before it is killed -- teardown comes after the command ended."""
+    process = subprocess.Popen(argv)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: process.send_signal(signum))
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def main() -> int:

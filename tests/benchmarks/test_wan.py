@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -249,5 +250,28 @@ def test_run_puts_a_command_in_a_site_with_gmount_up_and_tears_everything_down(w
     after = host_snapshot()
     assert prefix not in after["netns"] and prefix not in after["links"]
     assert after["iptables"] == before["iptables"]
+    with open("/proc/self/mounts") as f:
+        assert str(base) not in f.read()
+
+
+def test_run_passes_sigterm_to_the_command_then_tears_down(wan: None, base: Path) -> None:
+    require("FUSE", fuse_problem())
+    toml = cluster_file(base, 4.0)
+    script = 'trap "echo stopped by TERM; kill \\$!; exit 7" TERM; echo started; sleep 60 & wait'
+    runner = subprocess.Popen([sys.executable, "-m", "benchmarks.wan", "run", str(toml), "--", "sh", "-c", script],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert runner.stdout is not None
+        assert runner.stdout.readline() == "started\n"
+        runner.send_signal(signal.SIGTERM)
+        out, err = runner.communicate(timeout=120)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.communicate()
+    assert "stopped by TERM" in out, err  # the command got the signal (and exited with its own status)
+    assert runner.returncode == 7, err
+    name = toml.read_text().split('"')[1]
+    assert Emulation.load(name) is None
     with open("/proc/self/mounts") as f:
         assert str(base) not in f.read()
