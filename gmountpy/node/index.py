@@ -75,6 +75,7 @@ from .locator import (
     ANNOUNCE_TIMEOUT,
     AbsentForNow,
     FloodLocator,
+    FloodPeers,
     Location,
     LocatorStatistics,
 )
@@ -97,6 +98,10 @@ class Peers(Protocol):
 
     async def call(self, node: str, op: str, *args: Any, timeout: float | None = None) -> Any: ...
     def is_down(self, node: str) -> bool: ...
+
+
+class LocatorPeers(Peers, FloodPeers, Protocol):
+    """The index locator's peers: the index's, and the flooding search's it falls back to."""
 
 
 # -- where a directory lives --------------------------------------------------------------------
@@ -1010,7 +1015,7 @@ class IndexLocator:
     neither answers does a lookup ask every node.
     """
 
-    def __init__(self, peers: Peers, tiers: list[tuple[str, ...]], homes: Homes, *, ttl: float = 1.0,
+    def __init__(self, peers: LocatorPeers, tiers: list[tuple[str, ...]], homes: Homes, *, ttl: float = 1.0,
                  negative_ttl: float = 1.0, max_entries: int = 200_000, home_lease: float | None = None,
                  index: DirectoryIndex | None = None) -> None:
         home_lease = home_lease_for(self.lease_for(negative_ttl)) if home_lease is None else home_lease
@@ -1018,7 +1023,7 @@ class IndexLocator:
         self.homes = homes
         self.index = index  # this node's own index (forgotten with its caches on a directory rename)
         # The fallback when a home cannot be asked: it keeps no "not found" (no lease covers it).
-        self._flood = FloodLocator(peers, tiers, ttl=ttl, negative_ttl=0.0,  # type: ignore[arg-type]
+        self._flood = FloodLocator(peers, tiers, ttl=ttl, negative_ttl=0.0,
                                    max_entries=max_entries)
         self.tiers = tiers
         self.order = [node for tier in tiers for node in tier]

@@ -22,9 +22,8 @@ import trio
 from .. import messages as msg
 from .._trio import open_nursery
 from ..errors import PeerUnavailable
-from ..messages import LocateReply, ReplicaSource
+from ..messages import LocateReply, R, ReplicaSource, Request
 from .export import Attr
-from .peers import PeerPool
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +48,15 @@ class AbsentForNow(FileNotFoundError):
 #: How long a create waits for the other nodes to drop their "not found" (unreachable
 #: or slower nodes keep theirs until negative_ttl: see README, Consistency).
 ANNOUNCE_TIMEOUT = 1.0
+
+
+class FloodPeers(Protocol):
+    """What the flooding search needs of the peer pool (PeerPool, or a test's in-memory network)."""
+
+    me: str
+
+    async def ask(self, node: str, request: Request[R], *, timeout: float | None = None) -> R: ...
+    def is_down(self, node: str) -> bool: ...
 
 
 class Locator(Protocol):
@@ -106,7 +114,7 @@ class LocatorStatistics:
 class FloodLocator:
     def __init__(
         self,
-        peers: PeerPool,
+        peers: FloodPeers,
         tiers: list[tuple[str, ...]],
         *,
         ttl: float = 1.0,
