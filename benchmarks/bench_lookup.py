@@ -9,7 +9,10 @@ through n1's mount, times:
 - `stat missing`: stat of N distinct names that exist nowhere;
 - `stat local`: first stat of N distinct files held by n1;
 - `create`: open(O_CREAT|O_EXCL) + close of N new names (they land on n1);
-- `readdir`: listing of N/10 distinct directories of 10 files held by n3.
+- `readdir`: listing of N/10 distinct directories of 10 files held by n3;
+- `rename local`: rename(2) of the N files `create` made (held by n1) to
+  new names in their directory; `rename remote`: the same for the N files
+  of `stat remote` (held by n3).
 
 For each row it reports ops/s and messages per operation: the requests all
 daemons sent to other nodes during the row (their `messages_sent` counters),
@@ -49,7 +52,7 @@ SITES = {"tsukuba": ["n1", "n2"], "hongo": ["n3", "n4"]}
 LINK = ("tsukuba", "hongo", 14.0)
 MODES = ("flood", "index", "central")
 CENTRAL = "n3"  # the central metadata node: another site than the measuring node n1, as a server would be
-ROWS = ("stat remote", "stat missing", "stat local", "create", "readdir")
+ROWS = ("stat remote", "stat missing", "stat local", "create", "readdir", "rename local", "rename remote")
 
 
 def write_cluster_file(base: Path, name: str, mode: str) -> Path:
@@ -85,6 +88,8 @@ def timed(name: str, paths: list[Path], op: str) -> tuple[float, float]:
                 pass
         elif op == "listdir":
             os.listdir(path)
+        elif op == "rename":
+            os.rename(path, path.with_name("renamed-" + path.name))
         else:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
     seconds = time.perf_counter() - start
@@ -130,6 +135,9 @@ def run_mode(mode: str, files: int, repeats: int, base: Path, holder: dict[str, 
             for d in listed:
                 os.path.exists(d / "warm-up")
             samples["readdir"].append(timed(name, listed, "listdir"))
+            # the files n1 just created (held by n1), then files held by n3, each to a new name in its directory
+            samples["rename local"].append(timed(name, [dirs["create"] / f"c{i:05d}" for i in range(files)], "rename"))
+            samples["rename remote"].append(timed(name, [dirs["remote"] / f"f{i:05d}" for i in range(files)], "rename"))
     finally:
         problems = launch.down(name) or {}
         holder["name"] = holder["state"] = None

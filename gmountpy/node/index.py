@@ -791,10 +791,13 @@ class DirectoryIndex:
                 self._change(directory, (name, str(node), None))
         await self._changed(directory, [name], but=None)
 
-    async def op_replace(self, directory: str, name: str, nodes: list[str], is_dir: bool) -> None:
+    async def op_replace(self, directory: str, name: str, nodes: list[str], is_dir: bool,
+                         asker: str | None = None) -> None:
         """After a rename to `name`: exactly `nodes` hold it now (their attributes are asked later).
         A directory renamed here is homed by `Homes.of_holders` (its old home's records are gone
-        with its old path)."""
+        with its old path). `asker`, the renaming node, is not told "created": its kernel moved
+        the entry itself, and it holds that directory's lock until this returns (an
+        invalidation there would wait for KERNEL_NOTIFY_WAIT: 0.5 s per rename)."""
         backing = self._serving_as_backup(directory)
         self._change(directory, (name, None, None))
         await self._drop_home(directory, name)
@@ -804,7 +807,7 @@ class DirectoryIndex:
         if is_dir and self.homes is not None:
             home = self._child_home(directory, name, [str(node) for node in nodes])
             await self._copy_records(directory, {name: home})
-        await self._revoke(directory, name, bool(is_dir), but=None, everyone=backing)
+        await self._revoke(directory, name, bool(is_dir), but=asker, everyone=backing)
         await self._changed(directory, [name], but=None)
 
     async def op_sync(self, directory: str, node: str, listing: list[Any]) -> None:
@@ -1541,7 +1544,7 @@ class IndexLocator:
             log.info("could not record the rename of %s: %s", src, exc)
             self._owe_home_of(src_dir)
         try:
-            await self._dir_call(dst_dir, "index_replace", dst_dir, dst_name, holders, is_dir)
+            await self._dir_call(dst_dir, "index_replace", dst_dir, dst_name, holders, is_dir, self._peers.me)
         except OSError as exc:
             log.info("could not record the rename to %s: %s; telling every node", dst, exc)
             self._owe_home_of(dst_dir)

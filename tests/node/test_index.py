@@ -701,6 +701,20 @@ async def test_directory_index_claim_revokes_leases_and_refuses_taken_names() ->
     assert await index.op_claim("/d", "a", "x", True, False) is None  # parent-making merges (no error)
 
 
+@trio_test(mock_clock=True)
+async def test_directory_index_rename_revokes_every_lease_but_the_renamers() -> None:
+    """The renaming node holds the directory's lock in its kernel until the rename returns: a
+    "created" sent to it would block there (0.5 s per rename, measured), and its kernel moves
+    the entry itself."""
+    peer = OnePeer({"h": {"/d": [["a", _attr()]]}})
+    index = DirectoryIndex(peer, ["h", "x", "y"], lease=10.0)
+    await index.op_lookup("/d", "b", "x")
+    await index.op_lookup("/d", "b", "y")
+    await index.op_drop("/d", "a", None)
+    await index.op_replace("/d", "b", ["h"], False, "y")
+    assert [(c[0], c[1], c[2][0]) for c in peer.calls if c[1] == "created"] == [("x", "created", "/d/b")]
+
+
 def test_lease_outlives_what_the_kernel_may_keep() -> None:
     assert IndexLocator.lease_for(0) == 0
     assert IndexLocator.lease_for(10.0) >= 2 * 10.0 + 1.5
