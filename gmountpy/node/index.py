@@ -1305,9 +1305,15 @@ class IndexLocator:
         return best
 
     async def find_all(self, path: str, *, strict: bool = False) -> list[Location]:
-        """Every holder, nearest first, from the home (1 round trip). When the home cannot answer
-        exactly (unreachable, a node not listed, a staged replica whose validity only its source
-        can tell), GMount's search answers instead."""
+        """Every holder, nearest first, from the home (1 round trip), or none under the home's
+        leased "not found" (a rename's target, just looked up by the kernel: the home tells this
+        node of a create before that create returns, so the lease is exact). When the home cannot
+        answer exactly (unreachable, a node not listed, a staged replica whose validity only its
+        source can tell), GMount's search answers instead."""
+        until = self._negative.get(path)
+        if until is not None and until > trio.current_time() and await self._local(path) is None:
+            self._negative_hits += 1
+            return []
         directory, name = split_parent(path)
         try:
             reply = await self._dir_call(directory, "index_lookup", directory, name, None)

@@ -1238,6 +1238,23 @@ def test_mount_miss_remote_hit_and_create_cost_at_most_one_message(mounted: Loca
     assert (mounted.mount("n4") / directory.lstrip("/") / "new").read_bytes() == b"stays on n1"
 
 
+def test_mount_rename_costs_the_home_three_messages_and_no_wait(mounted: LocalCluster) -> None:
+    """rename(2) of a file n1 holds, in a directory homed at n2: the kernel's lookup of the
+    target (a miss, leased), the lookup of the source's holders, then drop + replace at the
+    home. The target's holders come from the lease, not from a second lookup."""
+    homes = _sites(mounted)
+    directory = made_at(homes, "n2", "n1", f"/renamed-{uuid.uuid4().hex[:6]}-")
+    top = mounted.mount("n1") / directory.lstrip("/")
+    top.mkdir()
+    (top / "a").write_bytes(b"on n1")
+    api = ApiCluster.open(mounted.spec.name)
+    before = _settled(api)
+    (top / "a").rename(top / "b")
+    assert sent_by(api.counters(), before) == {"n1": {"index_lookup": 2, "index_drop": 1, "index_replace": 1}}
+    assert (mounted.mount("n3") / directory.lstrip("/") / "b").read_bytes() == b"on n1"
+    assert not (mounted.mount("n4") / directory.lstrip("/") / "a").exists()
+
+
 def _sites(cluster: LocalCluster) -> Homes:
     return Homes(tuple(cluster.spec.nodes), {n: s.site for n, s in cluster.spec.nodes.items()})
 
