@@ -94,6 +94,7 @@ def bench(session: nox.Session) -> None:
     install_project(session)
     session.run("python", "benchmarks/bench_core.py", *session.posargs)
     session.run("python", "benchmarks/bench_lookup.py")  # messages/op: flood vs index vs central
+    session.run("python", "benchmarks/bench_split.py")  # creates into one directory, with and without Giga+ splits
     ensure_system_packages(session, ["make"])
     session.run("python", "benchmarks/bench_make.py")
     if os.geteuid() == 0:  # the WAN benchmarks need network namespaces (root); reduced size here

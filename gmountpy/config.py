@@ -90,6 +90,8 @@ class Tuning:
     index_rescan: float = 30.0           # seconds before a home re-lists a directory from every node
     index_verify_misses: bool = False    # a home asks the nodes holding a directory before it answers "no such
                                          # name" to a lookup or a create (files copied straight into exports)
+    index_split_entries: int = 8192      # a directory index partition holding more entries splits in two over
+                                         # the nodes (Giga+); 0: never split
 
 
 @dataclass(frozen=True)
@@ -138,10 +140,10 @@ _ZERO_OK_TUNING = ("attr_ttl", "negative_ttl")
 # Tuning keys that count things (integers >= 1); the rest are seconds.
 _INTEGER_TUNING = ("requests_per_connection", "requests_per_node", "handles_per_connection", "handles_per_node",
                    "listings_per_connection", "listings_per_node")
-_INTEGER_TUNING_ZERO_OK = ("readahead_mib",)  # 0: no read-ahead
+_INTEGER_TUNING_ZERO_OK = ("readahead_mib", "index_split_entries")  # 0: no read-ahead, never split
 _LIMIT_TUNING = _INTEGER_TUNING + _INTEGER_TUNING_ZERO_OK
 # optional: absent from older state files
-_LOOKUP_TUNING = ("lookup", "central_node", "index_rescan", "index_verify_misses")
+_LOOKUP_TUNING = ("lookup", "central_node", "index_rescan", "index_verify_misses", "index_split_entries")
 LOOKUP_MODES = ("flood", "index", "central")
 
 

@@ -152,7 +152,8 @@ class NodeDaemon:
         index = DirectoryIndex(pool, self.overlay.lookup_order(self.me),
                                lease=IndexLocator.lease_for(tuning.negative_ttl), rescan=tuning.index_rescan,
                                revoke_timeout=min(1.0, tuning.rpc_timeout / 3), ask_timeout=tuning.rpc_timeout / 3,
-                               homes=homes, verify_misses=tuning.index_verify_misses)
+                               homes=homes, verify_misses=tuning.index_verify_misses,
+                               split_entries=tuning.index_split_entries)
         return IndexLocator(pool, tiers, homes, ttl=tuning.attr_ttl, negative_ttl=tuning.negative_ttl,
                             index=index), index
 

@@ -60,7 +60,7 @@ import errno
 import hashlib
 import logging
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
@@ -115,6 +115,37 @@ def _weight(node: str, directory: str) -> int:
 def rendezvous_order(directory: str, nodes: Sequence[str]) -> list[str]:
     """All nodes, the home of `directory` first (highest rendezvous weight; ties by name)."""
     return sorted(nodes, key=lambda node: (-_weight(node, directory), node))
+
+
+# -- Giga+ partitions of a large directory's index ---------------------------------------------
+
+
+def name_hash(name: str) -> int:
+    """The stable hash of a name that places it in a partition (every node computes the same)."""
+    digest = hashlib.blake2b(name.encode("utf-8", "surrogateescape"), digest_size=8, person=b"gmount-part").digest()
+    return int.from_bytes(digest, "big")
+
+
+def partition_of(hashed: int, bitmap: Collection[int]) -> int:
+    """Giga+'s mapping: the partition of a name whose hash is `hashed`, given the partitions known
+    to exist (`bitmap`): `hashed mod 2**r` for the largest r that names an existing partition."""
+    if not bitmap:
+        return 0
+    for depth in range(max(bitmap).bit_length(), -1, -1):
+        index = hashed & ((1 << depth) - 1)
+        if index in bitmap:
+            return index
+    return 0
+
+
+def partition_depth(partition: int, bitmap: Collection[int]) -> int:
+    """The radix depth of `partition`: it was made at depth `partition.bit_length()` and every
+    split since made the child `partition + 2**depth` (exact when `bitmap` has all its children,
+    as on the node that serves it: only that node splits it)."""
+    depth = partition.bit_length()
+    while partition + (1 << depth) in bitmap:
+        depth += 1
+    return depth
 
 
 @dataclass(frozen=True)
@@ -172,6 +203,14 @@ class Homes:
             return self.home(directory)
         first = max(known, key=lambda node: (_weight(node, directory), node))
         return self.at_site(directory, self.site_of.get(first))
+
+    def of_partition(self, directory: str, partition: int) -> str:
+        """The server of partition `partition` > 0 of a split directory (partition 0 is at its home):
+        rendezvous over every node, so the partitions of a hot directory spread over the cluster."""
+        if self.central is not None:
+            return self.central
+        key = f"{directory}\0#{partition}"
+        return max(self.nodes, key=lambda node: (_weight(node, key), node))
 
     def backup(self, directory: str, home: str | None = None) -> str | None:
         """Who takes over when `home` (by default the hashed home) does not answer."""
@@ -236,12 +275,48 @@ class IndexStatistics:
     revocations: int
     listings: int = 0
     taken_over: int = 0  # requests served as the backup of a home that did not answer
+    splits: int = 0             # partitions this node split in two (Giga+)
+    partitions: int = 0         # partitions of split directories this node serves
+    partition_entries: int = 0  # names held in them
+    redirects: int = 0          # requests for a name in a partition this node does not serve
 
 
 #: Set while a request is served as the backup of a home that did not answer (`index_backup`).
 _AS_BACKUP: ContextVar[str | None] = ContextVar("gmount_index_as_backup", default=None)
 #: Operations a backup serves for a home that does not answer.
 _BACKED_OPS = ("index_lookup", "index_claim", "index_set", "index_drop", "index_replace", "index_list")
+#: Operations on one name of a directory: served by the partition the name hashes to.
+_NAME_OPS = ("index_lookup", "index_claim", "index_set", "index_drop", "index_replace")
+#: Operations on one directory that wait while a partition of it splits on this node.
+_GATED_OPS = (*_BACKED_OPS, "index_sync", "index_adopt")
+#: Operations sent to a partition's server (`index_part`).
+_PART_OPS = (*_BACKED_OPS, "index_sync")
+#: No directory splits into more partitions than this (a bound on the bitmap sent with requests).
+MAX_PARTITIONS = 1 << 12
+#: Redirects a request for a name of a split directory may meet before the asker gives up on
+#: the index (and asks every node): one per level its map is behind, and one from the home.
+_MAX_HOPS = 8
+
+
+@dataclass
+class _Parts:
+    """What this node knows of a split directory: its home (the server of partition 0) and the
+    partitions known to exist (Giga+'s bitmap). The partitions this node serves follow from them
+    (`Homes.of_partition`); every partition it serves has all its children in `bitmap` (only
+    this node splits them), so its names are exactly those `partition_of` maps to it."""
+
+    home: str
+    bitmap: set[int]
+
+
+class _Misdirected(OSError):
+    """A request for a name this node does not serve (its directory is split): the asker learns
+    `bitmap` and asks the right node. Over the wire (a plain request) it is ESTALE."""
+
+    def __init__(self, directory: str, name: str, me: str, bitmap: set[int]) -> None:
+        super().__init__(errno.ESTALE, f"{_join(directory, name)} is in a partition of the split directory "
+                                       f"{directory} that node {me} does not serve; ask its server")
+        self.bitmap = sorted(bitmap)
 
 
 class DirectoryIndex:
@@ -269,8 +344,10 @@ class DirectoryIndex:
     def __init__(self, peers: Peers, order: Sequence[str], *, lease: float, rescan: float = 30.0,
                  revoke_timeout: float = ANNOUNCE_TIMEOUT, ask_timeout: float | None = None,
                  homes: Homes | None = None, home_lease: float | None = None, listing_lease: float = 1.0,
-                 backup_refresh: float = 1.0, verify_misses: bool = False) -> None:
+                 backup_refresh: float = 1.0, verify_misses: bool = False, split_entries: int = 0) -> None:
         home_lease = home_lease_for(lease) if home_lease is None else home_lease
+        if split_entries < 0:
+            raise ValueError(f"`split_entries` must be non-negative (0: never split), got {split_entries!r}")
         if lease < 0:
             raise ValueError(f"`lease` must be non-negative, got {lease!r}")
         if rescan < 0:
@@ -304,21 +381,44 @@ class DirectoryIndex:
         # must not forget who holds a "not found", or a create would not revoke it.
         self._negatives: dict[str, dict[str, dict[str, float]]] = {}
         self._builds = self._lookups = self._leased = self._revocations = 0
+        # Giga+ splitting (`split_entries` > 0: a partition holding more names splits in two)
+        self.split_entries = split_entries if homes is not None and homes.central is None else 0
+        self._parts: dict[str, _Parts] = {}            # split directories this node knows of
+        self._split_check: dict[str, int] = {}         # directory -> entries here before counting again
+        self._active: Counter[str] = Counter()         # directory -> requests being served
+        self._closed: dict[str, trio.Event] = {}       # directory -> set when its split here is done
+        self._drained: dict[str, trio.Event] = {}      # directory -> set when its last request is done
+        self._splits = self._redirects = 0
 
     def operations(self) -> dict[str, Callable[..., Awaitable[Any]]]:
         """The RPC operations, for NodeService's `extra` table."""
-        return {"index_lookup": self.op_lookup, "index_claim": self.op_claim, "index_set": self.op_set,
-                "index_drop": self.op_drop, "index_replace": self.op_replace, "index_forget": self.op_forget,
-                "index_sync": self.op_sync, "index_list": self.op_list, "index_backup": self.op_backup,
-                "index_records": self.op_records, "index_seed": self.op_seed, "index_adopt": self.op_adopt}
+        ops: dict[str, Callable[..., Awaitable[Any]]] = {
+            "index_lookup": self.op_lookup, "index_claim": self.op_claim, "index_set": self.op_set,
+            "index_drop": self.op_drop, "index_replace": self.op_replace, "index_forget": self.op_forget,
+            "index_sync": self.op_sync, "index_list": self.op_list, "index_backup": self.op_backup,
+            "index_records": self.op_records, "index_seed": self.op_seed, "index_adopt": self.op_adopt}
+        for op in _GATED_OPS:
+            ops[op] = self._gated(op, ops[op])
+        ops.update({"index_part": self.op_part, "index_split": self.op_split, "index_parts": self.op_parts})
+        return ops
 
     def forget_all(self) -> None:
-        """Drop every built directory (a node restarted: its export may differ); leases are kept."""
+        """Drop every built directory (a node restarted: its export may differ); leases are kept.
+        Every node does this at once (`set_peers`), so split directories start unsplit again
+        everywhere and split anew as they grow."""
         self._dirs.clear()
+        self._parts.clear()
+        self._split_check.clear()
 
     def statistics(self) -> IndexStatistics:
+        partitions = entries = 0
+        for directory, parts in self._parts.items():
+            partitions += len(self._served_here(directory, parts))
+            built = self._dirs.get(directory)
+            entries += len(built.entries) if built is not None else 0
         return IndexStatistics(len(self._dirs), self._builds, self._lookups, self._leased, self._revocations,
-                               self._listings, self._taken_over)
+                               self._listings, self._taken_over, self._splits, partitions, entries,
+                               self._redirects)
 
     # -- building ------------------------------------------------------------
 
@@ -385,6 +485,8 @@ class DirectoryIndex:
                             entries.setdefault(name, {})[node] = holder
             for change in changes:  # what happened while the listings were taken, in order
                 _apply(entries, change)
+            if directory in self._parts:  # split: only the names of the partitions served here
+                entries = {name: holders for name, holders in entries.items() if self._mine(directory, name)}
             built = _Directory(entries, started, tuple(sorted(missing)), bool(listings), set(listings))
             await self._settle_homes(directory, entries)
             for name in [name for name in self._negatives.get(directory, {}) if entries.get(name)]:
@@ -394,6 +496,7 @@ class DirectoryIndex:
                 self._outdated.discard(directory)
                 return built  # good enough for this caller (it asked before the change); not kept
             self._dirs[directory] = built
+            self._split_check.pop(directory, None)
             return built
         finally:
             del self._building[directory]
@@ -402,8 +505,10 @@ class DirectoryIndex:
 
     async def _list(self, node: str, directory: str) -> list[Any] | None:
         try:
-            # a stand-in does not ask to be told of changes: those go to the home, back soon
-            me = None if directory in self._backing else self._peers.me
+            # a stand-in does not ask to be told of changes: those go to the home, back soon; the
+            # server of a partition has them go to the home too, which passes them on to every partition
+            parts = self._parts.get(directory)
+            me = None if directory in self._backing else parts.home if parts is not None else self._peers.me
             listing: list[Any] | None = await self._peers.call(node, "index_listdir", directory, me,
                                                                timeout=self.ask_timeout)
             return listing
@@ -483,10 +588,13 @@ class DirectoryIndex:
     # -- the homes of subdirectories -------------------------------------------------
 
     def _backup_node(self, directory: str) -> str | None:
-        """This directory's backup, when this node is its home (a stand-in has none to copy to)."""
+        """This directory's backup, when this node is its home (a stand-in has none to copy to).
+        The servers of a split directory's partitions copy to its home's backup: one node keeps
+        the homes of all its subdirectories."""
         if self.homes is None or directory in self._backing:
             return None
-        backup = self.homes.backup(directory, self._peers.me)
+        parts = self._parts.get(directory)
+        backup = self.homes.backup(directory, parts.home if parts is not None else self._peers.me)
         return None if backup == self._peers.me else backup
 
     async def _settle_homes(self, directory: str, entries: _Entries) -> None:
@@ -499,7 +607,7 @@ class DirectoryIndex:
         records = self._child_homes.setdefault(directory, {})
         subdirs = {name: holders for name, holders in entries.items()
                    if any(holder.is_dir for holder in holders.values())}
-        for name in [name for name in records if name not in subdirs]:
+        for name in [name for name in records if name not in subdirs and self._mine(directory, name)]:
             await self._drop_home(directory, name)
         records = self._child_homes.setdefault(directory, {})  # (dropped when it became empty)
         lacking = [name for name in subdirs if name not in records]
@@ -647,7 +755,7 @@ class DirectoryIndex:
             home = self._child_home(directory, name, [str(node) for node, _, _ in holders])
             home_lease = self._lease_home(directory, name, asker) if home is not None else 0.0
         return {"holders": holders, "complete": complete, "pending": pending, "lease": lease,
-                "home": home, "home_lease": home_lease}
+                "home": home, "home_lease": home_lease, "parts": self._bitmap(directory)}
 
     async def op_list(self, directory: str, asker: str | None = None) -> dict[str, Any]:
         """The whole directory in one reply: [name, [[node, attr, replica_of], ...], home] for each
@@ -678,7 +786,7 @@ class DirectoryIndex:
             self._listing_leases.setdefault(directory, {})[str(asker)] = trio.current_time() + self.listing_lease
             lease = self.listing_lease
         return {"entries": rows, "complete": complete, "exists": current.exists or bool(rows), "lease": lease,
-                "home_lease": self.home_lease if asker is not None else 0.0}
+                "home_lease": self.home_lease if asker is not None else 0.0, "parts": self._bitmap(directory)}
 
     async def op_backup(self, home: str, op: str, args: list[Any]) -> Any:
         """Serve `op` for `home`, which did not answer the asker: this node stands in for it (the
@@ -687,6 +795,9 @@ class DirectoryIndex:
         no "not found" or listing is leased."""
         if op not in _BACKED_OPS:
             raise OSError(errno.EINVAL, f"node {self._peers.me} does not serve {op!r} as a backup")
+        if args and str(args[0]) in self._parts:
+            raise OSError(errno.EHOSTDOWN, f"node {self._peers.me} serves partitions of the split directory "
+                                           f"{args[0]}: it cannot stand in for its home {home}")
         self._taken_over += 1
         token = _AS_BACKUP.set(str(home))
         try:
@@ -706,6 +817,255 @@ class DirectoryIndex:
             self._backing[directory] = stand_in
             self._dirs.pop(directory, None)  # taking over: list it from the exports now
         return True
+
+    # -- Giga+ partitions ------------------------------------------------------------
+
+    def _server_of(self, directory: str, parts: _Parts, partition: int) -> str:
+        if partition == 0 or self.homes is None:
+            return parts.home
+        return self.homes.of_partition(directory, partition)
+
+    def _served_here(self, directory: str, parts: _Parts) -> list[int]:
+        return [p for p in sorted(parts.bitmap) if self._server_of(directory, parts, p) == self._peers.me]
+
+    def _mine(self, directory: str, name: str) -> bool:
+        """Whether this node serves `name` of `directory` (always, for a directory that is not split)."""
+        parts = self._parts.get(directory)
+        if parts is None:
+            return True
+        return self._server_of(directory, parts, partition_of(name_hash(name), parts.bitmap)) == self._peers.me
+
+    def _bitmap(self, directory: str) -> list[int] | None:
+        parts = self._parts.get(directory)
+        return None if parts is None else sorted(parts.bitmap)
+
+    def _gated(self, op: str, serve: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        """`serve`, waiting while a partition of the directory splits here; a name this node does
+        not serve (any more) is refused with the partitions it knows of (_Misdirected)."""
+        async def gated(directory: str, *args: Any) -> Any:
+            directory = str(directory)
+            while (closed := self._closed.get(directory)) is not None:
+                await closed.wait()
+            self._active[directory] += 1
+            try:
+                if op in _NAME_OPS and not self._mine(directory, str(args[0])):
+                    self._redirects += 1
+                    raise _Misdirected(directory, str(args[0]), self._peers.me, self._parts[directory].bitmap)
+                result = await serve(directory, *args)
+            finally:
+                self._active[directory] -= 1
+                if self._active[directory] <= 0:
+                    del self._active[directory]
+                    drained = self._drained.pop(directory, None)
+                    if drained is not None:
+                        drained.set()
+            await self._maybe_split(directory)
+            return result
+
+        return gated
+
+    async def op_part(self, partition: int, home: str, bitmap: list[int], op: str, args: list[Any]) -> list[Any]:
+        """`op` for a split directory, from an asker that maps the name to `partition` of this node
+        with the partitions `bitmap` (and the directory's `home`). Answers ["ok", result, bitmap]
+        or, for a name another node serves, ["redirect", bitmap]: the asker merges the bitmap
+        and asks again (Giga+'s correction of a stale mapping, a hop per stale level)."""
+        if op not in _PART_OPS:
+            raise OSError(errno.EINVAL, f"node {self._peers.me} does not serve {op!r} for a partition")
+        directory = str(args[0])
+        await self._learn(directory, str(home), bitmap)
+        try:
+            result = await self.operations()[op](*args)
+        except _Misdirected as exc:
+            return ["redirect", exc.bitmap]
+        return ["ok", result, self._bitmap(directory) or [0]]
+
+    async def op_parts(self, directory: str, home: str, bitmap: list[int]) -> None:
+        """A server of a partition of `directory` split it: the home learns the new partition (so
+        its redirects send askers straight there, and it passes changes on to it)."""
+        await self._learn(str(directory), str(home), bitmap)
+
+    async def _learn(self, directory: str, home: str, bitmap: Collection[int]) -> None:
+        """Merge partitions others know of. Bitmaps only grow (until `forget_all`), and the
+        partitions this node serves change only when it learns one of its own that it has not
+        served yet (its transfer was lost, or the directory split again after a restart):
+        the directory is then listed again from the exports, and "not found" handed out for
+        names now served elsewhere are revoked."""
+        known = {int(partition) for partition in bitmap if 0 <= int(partition) < MAX_PARTITIONS}
+        parts = self._parts.get(directory)
+        if parts is None:
+            if len(known) <= 1:
+                return
+            served_before = None
+            parts = _Parts(home, {0})
+        else:
+            served_before = self._served_here(directory, parts)
+        if known <= parts.bitmap:
+            return
+        parts.bitmap |= known
+        self._parts[directory] = parts
+        if served_before == self._served_here(directory, parts):
+            return
+        if served_before is None and directory not in self._dirs and directory not in self._building:
+            return  # nothing built here: the first request builds the partitions served here
+        self._dirs.pop(directory, None)
+        if directory in self._building:
+            self._outdated.add(directory)
+        for name in [name for name in self._negatives.get(directory, {}) if not self._mine(directory, name)]:
+            await self._revoke(directory, name, False, but=None)
+        leases = self._listing_leases.pop(directory, None)
+        if leases:
+            await self._tell(leases, "index_unlist", directory, but=None)
+
+    async def _maybe_split(self, directory: str) -> None:
+        """Split each partition served here that holds more than `split_entries` names: partition
+        i at depth r becomes i and i + 2**r at depth r + 1, and the names (with their claims,
+        "not found" leases, listing leases and subdirectory homes) that hash to the new one go
+        to its server. Requests for the directory wait meanwhile (one round trip)."""
+        if self.split_entries <= 0 or directory in self._backing or directory in self._closed:
+            return
+        built = self._dirs.get(directory)
+        if built is None or len(built.entries) <= self._split_check.get(directory, self.split_entries):
+            return
+        closed = self._closed[directory] = trio.Event()
+        try:
+            if self._active.get(directory):
+                drained = self._drained[directory] = trio.Event()
+                await drained.wait()
+            while (built := self._dirs.get(directory)) is not None and directory not in self._backing:
+                parts = self._parts.get(directory) or _Parts(self._peers.me, {0})
+                counts = Counter(partition_of(name_hash(name), parts.bitmap) for name in built.entries)
+                partition, count = max(counts.items(), key=lambda item: (item[1], -item[0]), default=(0, 0))
+                new = partition + (1 << partition_depth(partition, parts.bitmap))
+                if count <= self.split_entries or new >= MAX_PARTITIONS:
+                    # no partition here can pass the threshold before this many more names
+                    self._split_check[directory] = len(built.entries) + max(0, self.split_entries - count)
+                    break
+                await self._split(directory, built, parts, new)
+        finally:
+            del self._closed[directory]
+            closed.set()
+
+    async def _split(self, directory: str, built: _Directory, parts: _Parts, new: int) -> None:
+        self._splits += 1
+        parts.bitmap.add(new)
+        self._parts[directory] = parts
+        target = self._server_of(directory, parts, new)
+        log.info("node %s splits the index of %s: partition %d goes to %s", self._peers.me, directory, new, target)
+        if target == self._peers.me:
+            return  # served here too: nothing moves
+        now = trio.current_time()
+        moved = {name: holders for name, holders in built.entries.items()
+                 if partition_of(name_hash(name), parts.bitmap) == new}
+        for name in moved:
+            del built.entries[name]
+        negatives = self._negatives.get(directory, {})
+        leased = {name: negatives.pop(name) for name in [n for n in negatives if not self._mine(directory, n)]}
+        if directory in self._negatives and not negatives:
+            del self._negatives[directory]
+        records = self._child_homes.get(directory, {})
+        home_leases = self._home_leases.get(directory, {})
+        payload = {
+            "home": parts.home, "bitmap": sorted(parts.bitmap), "partition": new,
+            "entries": [[name, node, holder.is_dir, holder.attr, holder.replica_of, now - holder.since]
+                        for name, holders in moved.items() for node, holder in holders.items()],
+            "missing": list(built.missing), "exists": built.exists, "holders": sorted(built.holders),
+            "negatives": {name: {node: until - now for node, until in askers.items() if until > now}
+                          for name, askers in leased.items()},
+            "listing_leases": {node: until - now for node, until in self._listing_leases.get(directory, {}).items()
+                               if until > now},
+            "child_homes": {name: records[name] for name in moved if name in records},
+            "home_leases": {name: {node: until - now for node, until in home_leases[name].items() if until > now}
+                            for name in moved if name in home_leases},
+        }
+        try:
+            await self._peers.call(target, "index_split", directory, payload, timeout=self.ask_timeout)
+        except OSError as exc:
+            # the new server lists the partition from the exports when first asked; what only this
+            # node knew goes: whoever was told "not found" for those names is told to ask again
+            log.info("could not hand partition %d of %s to %s: %s", new, directory, target, exc)
+            for name, askers in leased.items():
+                await self._tell({node: float("inf") for node in askers}, "created", _join(directory, name),
+                                 False, but=None)
+        if parts.home != self._peers.me:
+            try:
+                await self._peers.call(parts.home, "index_parts", directory, parts.home, sorted(parts.bitmap),
+                                       timeout=self.ask_timeout)
+            except OSError as exc:
+                log.info("could not tell %s, the home of %s, of its partition %d: %s", parts.home, directory, new, exc)
+
+    async def op_split(self, directory: str, payload: dict[str, Any]) -> None:
+        """Become the server of a partition another node split off (`_split`): its names, claims
+        and leases. A partition this node serves already (it learnt of it from an asker and
+        listed it from the exports) keeps its own names; the leases are merged in."""
+        directory = str(directory)
+        now = trio.current_time()
+        parts = self._parts.get(directory)
+        partition = int(payload["partition"])
+        fresh = parts is None or partition not in parts.bitmap
+        served_before = [] if parts is None else self._served_here(directory, parts)
+        if parts is None:
+            parts = self._parts[directory] = _Parts(str(payload["home"]), {0})
+        parts.bitmap |= {int(p) for p in payload["bitmap"]}
+        if fresh:
+            changes: list[_Change] = []
+            for name, node, is_dir, attr, replica_of, age in payload["entries"]:
+                value = None if attr is None else Attr.from_wire(attr)
+                changes.append((str(name), str(node), _Holder(bool(is_dir), value,
+                                                              None if replica_of is None else str(replica_of),
+                                                              now - float(age))))
+            if directory in self._dirs or directory in self._building:
+                for change in changes:
+                    self._change(directory, change)
+            elif not served_before:  # nothing else of it here: the partition is the whole index
+                entries: _Entries = {}
+                for change in changes:
+                    _apply(entries, change)
+                self._dirs[directory] = _Directory(entries, now, tuple(payload["missing"]), bool(payload["exists"]),
+                                                   {str(node) for node in payload["holders"]})
+            # else: other partitions here are not built: the next request lists them all
+        negatives = self._negatives.setdefault(directory, {})
+        for name, askers in payload["negatives"].items():
+            for node, left in askers.items():
+                negatives.setdefault(str(name), {})[str(node)] = now + float(left)
+        if not negatives:
+            del self._negatives[directory]
+        if payload["listing_leases"]:
+            listing = self._listing_leases.setdefault(directory, {})
+            for node, left in payload["listing_leases"].items():
+                listing[str(node)] = max(listing.get(str(node), 0.0), now + float(left))
+        if payload["child_homes"]:
+            self._child_homes.setdefault(directory, {}).update(
+                {str(name): str(home) for name, home in payload["child_homes"].items()})
+        for name, askers in payload["home_leases"].items():
+            leases = self._home_leases.setdefault(directory, {}).setdefault(str(name), {})
+            leases.update({str(node): now + float(left) for node, left in askers.items()})
+
+    async def _pass_on(self, directory: str, parts: _Parts, op: str, args: list[Any],
+                       covered: list[int] | None) -> None:
+        """Send `op` to the servers of the partitions this node knows of and the sender did not
+        (`covered`, the sender's bitmap): from the home to every partition it knows, and from
+        the server of a partition to the ones it split off and has not told the home of yet."""
+        skip = {int(p) for p in covered or ()}
+        targets: dict[str, int] = {}
+        for partition in sorted(parts.bitmap - skip):
+            server = self._server_of(directory, parts, partition)
+            if server != self._peers.me:
+                targets.setdefault(server, partition)
+        bitmap = sorted(parts.bitmap)
+
+        async def send(server: str, partition: int) -> None:
+            try:
+                if op == "index_sync":
+                    await self._peers.call(server, "index_part", partition, parts.home, bitmap, op, [*args, bitmap],
+                                           timeout=self.ask_timeout)
+                else:
+                    await self._peers.call(server, op, *args, bitmap, timeout=self.ask_timeout)
+            except OSError as exc:
+                log.info("could not pass %s of %s on to %s: %s", op, directory, server, exc)
+
+        async with open_nursery() as nursery:
+            for server, partition in targets.items():
+                nursery.start_soon(send, server, partition)
 
     async def op_claim(self, directory: str, name: str, node: str, is_dir: bool = False,
                        exclusive: bool = True) -> list[list[Any]] | None:
@@ -810,11 +1170,17 @@ class DirectoryIndex:
         await self._revoke(directory, name, bool(is_dir), but=asker, everyone=backing)
         await self._changed(directory, [name], but=None)
 
-    async def op_sync(self, directory: str, node: str, listing: list[Any]) -> None:
+    async def op_sync(self, directory: str, node: str, listing: list[Any], covered: list[int] | None = None) -> None:
         """`node`'s export changed outside the mount: these are all its entries in `directory` now.
 
         Names new to the directory revoke the "not found" handed out for them, like a create.
+        A split directory's listing goes on to the servers of the partitions this node knows of
+        and the sender did not (`covered`); each keeps the names of its own partitions.
         """
+        parts = self._parts.get(directory)
+        if parts is not None:
+            await self._pass_on(directory, parts, "index_sync", [directory, node, listing], covered)
+            listing = [entry for entry in listing if self._mine(directory, str(entry[0]))]
         if directory in self._building:
             self._outdated.add(directory)  # its listing of `node` may predate this
         current = self._dirs.get(directory)
@@ -850,10 +1216,15 @@ class DirectoryIndex:
             except OSError as exc:
                 log.info("could not tell %s, the home of %s, that it appeared on %s: %s", home, child, node, exc)
 
-    async def op_forget(self, prefixes: list[str]) -> None:
+    async def op_forget(self, prefixes: list[str], covered: list[int] | None = None) -> None:
         """Directories under `prefixes` changed wholesale (renamed, removed, or a change failed
-        half-way): build their indexes again from the exports when next asked."""
-        self.forget([str(prefix) for prefix in prefixes])
+        half-way): build their indexes again from the exports when next asked. The servers of
+        the partitions of split directories among them do the same."""
+        prefixes = [str(prefix) for prefix in prefixes]
+        self.forget(prefixes)
+        for directory, parts in list(self._parts.items()):
+            if any(_under(directory, prefix) for prefix in prefixes):
+                await self._pass_on(directory, parts, "index_forget", [[directory]], covered)
 
     def forget(self, prefixes: list[str]) -> None:
         for directory in list(self._dirs):
@@ -1046,7 +1417,8 @@ class IndexLocator:
         self._just_created: dict[str, Location] = {}
         self._owed: dict[str, set[str]] = {}   # home -> directories whose index missed a change
         self._hits = self._negative_hits = self._misses = self._remote = self._fallbacks = 0
-        self._takeovers = 0
+        self._takeovers = self._redirected = 0
+        self._parts: dict[str, frozenset[int]] = {}  # split directory -> its partitions as far as known
 
     @staticmethod
     def lease_for(negative_ttl: float) -> float:
@@ -1072,7 +1444,7 @@ class IndexLocator:
 
     def _forget_homes(self, prefixes: list[str]) -> None:
         self._revoked += 1
-        for cache in (self._homes, self._listings, self._negative):
+        for cache in (self._homes, self._listings, self._negative, self._parts):
             for key in [k for k in cache if any(_under(k, prefix) for prefix in prefixes)]:
                 del cache[key]
         for prefix in prefixes:
@@ -1096,7 +1468,64 @@ class IndexLocator:
         return (await self._dir_call_via(directory, op, *args))[0]
 
     async def _dir_call_via(self, directory: str, op: str, *args: Any) -> tuple[Any, str | None]:
-        """`_dir_call`, and the home the backup stood in for (None: the home answered)."""
+        """`_dir_call`, and the home the backup stood in for (None: the home answered).
+
+        A name of a split directory goes to the server of its partition by this node's map of
+        the directory's partitions (learnt from replies): one round trip while the map is
+        current. A server that does not serve the name answers with the partitions it knows of
+        (a plain request to the home: ESTALE, then the home is asked for them), and the name
+        is asked again where the merged map says; a partition's server that does not answer
+        is PeerUnavailable (the caller asks every node instead)."""
+        if op not in _NAME_OPS:
+            return await self._home_call_via(directory, op, *args)
+        hashed = name_hash(str(args[1]))
+        for _ in range(_MAX_HOPS):
+            bitmap = self._parts.get(directory)
+            if bitmap is None:
+                try:
+                    reply, stood_in_for = await self._home_call_via(directory, op, *args)
+                except OSError as exc:
+                    if isinstance(exc, PeerUnavailable) or exc.errno != errno.ESTALE:
+                        raise
+                    self._redirected += 1
+                    self._parts[directory] = frozenset({0})  # split: the home tells how, at the next hop
+                    continue
+                if isinstance(reply, dict) and reply.get("parts"):
+                    self._learn_parts(directory, reply["parts"])
+                return reply, stood_in_for
+            answer = await self._part_call(directory, partition_of(hashed, bitmap), bitmap, op, list(args))
+            if answer[0] == "ok":
+                self._learn_parts(directory, answer[2])
+                return answer[1], None
+            self._redirected += 1
+            self._learn_parts(directory, answer[1])
+        raise PeerUnavailable(await self._home_node(directory), f"the partitions of {directory} still redirected "
+                                                                 f"{args[1]!r} after {_MAX_HOPS} hops")
+
+    async def _part_call(self, directory: str, partition: int, bitmap: Collection[int], op: str,
+                         args: list[Any]) -> list[Any]:
+        """`op` at the server of `partition` of a split directory (no backup: PeerUnavailable)."""
+        home = await self._home_node(directory)
+        server = home if partition == 0 else self.homes.of_partition(directory, partition)
+        try:
+            answer: list[Any] = await self._home_call(server, "index_part", partition, home, sorted(bitmap), op, args)
+            return answer
+        except PeerUnavailable:
+            if op != "index_lookup" and op != "index_list":
+                self._owe(server, directory)  # a change it misses: it lists its partitions again when back
+            raise
+
+    def _learn_parts(self, directory: str, bitmap: Collection[int]) -> None:
+        known = frozenset(int(p) for p in bitmap if 0 <= int(p) < MAX_PARTITIONS)
+        if len(known) <= 1 and directory not in self._parts:
+            return
+        self._parts[directory] = self._parts.get(directory, frozenset()) | known
+        if len(self._parts) > self._max:
+            self._parts.pop(next(iter(self._parts)))
+
+    async def _home_call_via(self, directory: str, op: str, *args: Any) -> tuple[Any, str | None]:
+        """`op` at the home of `directory`, or at its backup when the home does not answer; and the
+        home the backup stood in for (None: the home answered)."""
         home = await self._home_node(directory)
         failure: PeerUnavailable
         if not self._peers.is_down(home):
@@ -1120,6 +1549,10 @@ class IndexLocator:
         except PeerUnavailable as exc:
             raise PeerUnavailable(home, f"{failure.reason}; its backup {backup} did not answer either "
                                         f"({exc.reason})") from exc
+        except OSError as exc:
+            if exc.errno != errno.EHOSTDOWN:  # (the backup serves a partition of it: cannot stand in)
+                raise
+            raise PeerUnavailable(home, f"{failure.reason}; its backup {backup} cannot stand in: {exc}") from exc
 
     async def _home_node(self, directory: str) -> str:
         """The home of a directory that exists (PeerUnavailable when that cannot be told)."""
@@ -1338,6 +1771,8 @@ class IndexLocator:
         revoked = self._revoked
         try:
             reply = await self._dir_call(directory, "index_list", directory, self._peers.me)
+            if reply.get("parts"):
+                reply = await self._list_partitions(directory, reply)
         except PeerUnavailable as exc:
             self._fallbacks += 1
             log.info("listing %s from every node: %s", directory, exc)
@@ -1368,6 +1803,41 @@ class IndexLocator:
         if lease > 0 and revoked == self._revoked:
             self._listings[directory] = (entries, now + lease)
         return entries
+
+    async def _list_partitions(self, directory: str, first: dict[str, Any]) -> dict[str, Any]:
+        """A split directory's listing: the home's (`first`) and every other partition server's,
+        asked in parallel (one round trip each; more rounds only for partitions learnt from
+        their replies). Complete and leased only when every part is."""
+        home = await self._home_node(directory)
+        self._learn_parts(directory, first["parts"])
+        replies: dict[str, dict[str, Any]] = {home: first}
+        for _ in range(_MAX_HOPS):
+            bitmap = sorted(self._parts.get(directory, frozenset({0})))
+            wanted: dict[str, int] = {}
+            for partition in bitmap:
+                server = home if partition == 0 else self.homes.of_partition(directory, partition)
+                if server not in replies:
+                    wanted.setdefault(server, partition)
+            if not wanted:
+                break
+
+            async def ask(server: str, partition: int, bitmap: list[int]) -> None:
+                answer = await self._home_call(server, "index_part", partition, home, bitmap, "index_list",
+                                               [directory, self._peers.me])
+                self._learn_parts(directory, answer[-1])
+                if answer[0] == "ok":
+                    replies[server] = answer[1]
+
+            async with open_nursery() as nursery:
+                for server, partition in wanted.items():
+                    nursery.start_soon(ask, server, partition, bitmap)
+        else:
+            raise PeerUnavailable(home, f"the partitions of {directory} did not settle")
+        parts = list(replies.values())
+        return {"entries": [row for reply in parts for row in reply["entries"]],
+                "complete": all(reply["complete"] for reply in parts),
+                "exists": any(reply["exists"] for reply in parts),
+                "lease": min(float(reply["lease"]) for reply in parts), "home_lease": first["home_lease"]}
 
     # -- changes -------------------------------------------------------------------
 
@@ -1658,6 +2128,7 @@ class IndexLocator:
         self._negative.clear()
         self._homes.clear()
         self._listings.clear()
+        self._parts.clear()
         self._flood.forget_all()
 
     def _mark_stale(self, path: str) -> None:
@@ -1684,6 +2155,11 @@ class IndexLocator:
     def takeovers(self) -> int:
         """Requests sent to a backup because the home did not answer."""
         return self._takeovers
+
+    @property
+    def redirects(self) -> int:
+        """Requests a node answered "that name is in a partition another node serves" (a stale map)."""
+        return self._redirected
 
 
 def message_counts(counter: Counter[str]) -> dict[str, int]:

@@ -178,6 +178,7 @@ async def open_cluster(
     connect_timeout: float = 1.0,
     retry_after: float = 2.0,
     lookup: str | None = None,
+    split_entries: int = 0,
 ) -> AsyncIterator[Cluster]:
     """Bring up the four nodes; everything is closed when the block ends.
 
@@ -214,7 +215,8 @@ async def open_cluster(
                 else:  # as daemon.py wires it
                     homes = Homes(tuple(nodes), sites, "n1" if lookup == "central" else None)
                     node.index = DirectoryIndex(node.pool, overlay.lookup_order(name),
-                                                lease=IndexLocator.lease_for(negative_ttl), homes=homes)
+                                                lease=IndexLocator.lease_for(negative_ttl), homes=homes,
+                                                split_entries=split_entries)
                     extras[name].update(node.index.operations())
                     node.watcher = ExportWatcher(node.pool, homes)
                     extras[name].update(node.watcher.operations())

@@ -785,6 +785,9 @@ def _parent(path: str) -> str:
 class IndexNetwork(RuleBasedStateMachine):
     """Random namespace changes from random nodes; the model is the union namespace."""
 
+    #: DirectoryIndex's `split_entries` (0: directories never split; see test_index_split.py)
+    SPLIT_ENTRIES = 0
+
     def __init__(self) -> None:
         super().__init__()
         self.base = Path(tempfile.mkdtemp(prefix="gmount-index-sm-"))
@@ -820,7 +823,7 @@ class IndexNetwork(RuleBasedStateMachine):
         tiers = [(node,), tuple(order[1:2]), tuple(order[2:])]
         # rescan 0: never list again by age, so only the owed rebuilds can repair what a lost message missed
         self.indexes[node] = DirectoryIndex(peers, order, lease=IndexLocator.lease_for(NEGATIVE_TTL), rescan=0,
-                                            homes=Homes(NODES, SITE_OF))
+                                            homes=Homes(NODES, SITE_OF), split_entries=self.SPLIT_ENTRIES)
         self.locators[node] = IndexLocator(peers, tiers, Homes(NODES, SITE_OF), ttl=TTL, negative_ttl=NEGATIVE_TTL,
                                            index=self.indexes[node])
         self.watchers[node] = ExportWatcher(peers, Homes(NODES, SITE_OF))
