@@ -1742,9 +1742,11 @@ class IndexLocator:
         leased "not found" (a rename's target, just looked up by the kernel: the home tells this
         node of a create before that create returns, so the lease is exact). When the home cannot
         answer exactly (unreachable, a node not listed, a staged replica whose validity only its
-        source can tell), GMount's search answers instead."""
+        source can tell), GMount's search answers instead. This node's own export is always
+        looked at too: a file written straight into it is a holder before a scan tells the home."""
+        local = await self._local(path)
         until = self._negative.get(path)
-        if until is not None and until > trio.current_time() and await self._local(path) is None:
+        if local is None and until is not None and until > trio.current_time():
             self._negative_hits += 1
             return []
         directory, name = split_parent(path)
@@ -1757,6 +1759,8 @@ class IndexLocator:
             self._fallbacks += 1
             return await self._flood.find_all(path, strict=strict)
         found = [Location(str(node), Attr.from_wire(attr)) for node, attr, _ in reply["holders"]]
+        if local is not None and local.replica_of is None and all(loc.node != local.node for loc in found):
+            found.append(local)
         return sorted(found, key=lambda loc: self.rank(loc.node))
 
     async def listing(self, directory: str) -> list[tuple[str, list[Location]]] | None:

@@ -497,13 +497,24 @@ class Namespace:
         for target in targets:
             if target.attr.is_dir:
                 raise IsADirectoryError(errno.EISDIR, f"{dst} is a directory (on node {target.node})")
-        await self.peers.ask(holder, msg.Rename(src, dst))
+        others = [location for location in targets if location.node != holder]
+        try:
+            await self.peers.ask(holder, msg.Rename(src, dst))
+        except PeerUnavailable:
+            # Its reply is lost: the rename may have happened. The old `dst` elsewhere goes anyway,
+            # so the worst left behind is `src` with no `dst`, never two files called `dst`.
+            for location in others:
+                try:
+                    await self.peers.ask(location.node, msg.Unlink(dst))
+                except OSError as exc:
+                    log.info("could not remove the old %s on %s after a rename lost on %s: %s",
+                             dst, location.node, holder, exc)
+            raise
         for location in sources[1:]:
             if not location.attr.is_dir:
                 await self.peers.ask(location.node, msg.Unlink(src))
-        for location in targets:
-            if location.node != holder:
-                await self.peers.ask(location.node, msg.Unlink(dst))
+        for location in others:
+            await self.peers.ask(location.node, msg.Unlink(dst))
 
     async def _rename_dir(self, src: str, dst: str, sources: list[Location], targets: list[Location]) -> None:
         source_nodes = {loc.node for loc in sources if loc.attr.is_dir}

@@ -1126,6 +1126,23 @@ IndexNetwork.TestCase.settings = settings(max_examples=int(os.environ.get("GMOUN
 test_index_network_matches_the_union_namespace = IndexNetwork.TestCase
 
 
+def test_index_network_rename_over_a_file_written_straight_into_the_renamers_export() -> None:
+    """Found by the state machine: n1's own export holds /a (no scan told its home yet), and n1
+    renames n2's /b over it while every reply to n1 is lost. The rename's target holders include
+    n1's own export, and the rename lost on n2 still removes n1's /a: no twin."""
+    machine = IndexNetwork()
+    try:
+        machine.union_namespace_matches_the_model()
+        machine.write_straight_into_an_export(data=b"", node="n1", path="/a")
+        machine.union_namespace_matches_the_model()
+        machine.create(data=b"", fault=None, node="n2", path="/b")
+        machine.union_namespace_matches_the_model()
+        machine.rename(dst="/a", fault=("n1", True), node="n1", src="/b")
+        machine.union_namespace_matches_the_model()
+    finally:
+        machine.teardown()
+
+
 def test_index_network_create_after_a_removal_the_creator_never_heard_of() -> None:
     """Found by the state machine: n2 saw /a on n1, n1 removed it (only its home n1 heard), then
     n1 died. n2 cannot tell "removed" from "out of reach": its create is EIO, never a twin."""
