@@ -389,9 +389,12 @@ class DirectoryIndex:
         self._closed: dict[str, trio.Event] = {}       # directory -> set when its split here is done
         self._drained: dict[str, trio.Event] = {}      # directory -> set when its last request is done
         self._splits = self._redirects = 0
+        self._operations: dict[str, Callable[..., Awaitable[Any]]] | None = None
 
     def operations(self) -> dict[str, Callable[..., Awaitable[Any]]]:
-        """The RPC operations, for NodeService's `extra` table."""
+        """The RPC operations, for NodeService's `extra` table (made once: `op_part` dispatches on them)."""
+        if self._operations is not None:
+            return self._operations
         ops: dict[str, Callable[..., Awaitable[Any]]] = {
             "index_lookup": self.op_lookup, "index_claim": self.op_claim, "index_set": self.op_set,
             "index_drop": self.op_drop, "index_replace": self.op_replace, "index_forget": self.op_forget,
@@ -400,6 +403,7 @@ class DirectoryIndex:
         for op in _GATED_OPS:
             ops[op] = self._gated(op, ops[op])
         ops.update({"index_part": self.op_part, "index_split": self.op_split, "index_parts": self.op_parts})
+        self._operations = ops
         return ops
 
     def forget_all(self) -> None:
