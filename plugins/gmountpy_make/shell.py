@@ -43,8 +43,8 @@ if TYPE_CHECKING:
     from types import FrameType
     from typing import NoReturn
 else:
-    # The C module `signal` wraps: same functions and constants, without the wrapper's enums
-    # (enum, functools, collections), which cost more to import than the rest of this file.
+    # The C module `signal` wraps: the same functions and constants, without the enums the
+    # wrapper builds when imported (milliseconds, once per recipe).
     import _signal as signal
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
