@@ -371,26 +371,6 @@ def test_gmount_sh_imports_only_cheap_modules(tmp_path: Path) -> None:
     assert not added & heavy, sorted(added & heavy)
 
 
-def test_mounts_load_state_keeps_a_private_marshal_copy(tmp_path: Path) -> None:
-    clusters = tmp_path / "gmountpy" / "clusters"
-    clusters.mkdir(parents=True)
-    state = clusters / "c1.json"
-    state.write_text(json.dumps({"spec": {"name": "c1"}, "nodes": {"n1": {"pid": 1}}}))
-    assert mounts.load_state(str(state)) == {"spec": {"name": "c1"}, "nodes": {"n1": {"pid": 1}}}
-    copy = tmp_path / "gmountpy" / "mounts-cache" / "c1.marshal"
-    assert copy.exists() and copy.stat().st_mode & 0o077 == 0
-    assert mounts.load_state(str(state)) == {"spec": {"name": "c1"}, "nodes": {"n1": {"pid": 1}}}
-    # the state file rewritten (another size): parsed again, not the stale copy
-    state.write_text(json.dumps({"spec": {"name": "c1"}, "nodes": {"n1": {"pid": 12345}}}))
-    assert mounts.load_state(str(state))["nodes"]["n1"]["pid"] == 12345
-    copy.write_bytes(b"garbage")  # a damaged copy is ignored and replaced
-    assert mounts.load_state(str(state))["nodes"]["n1"]["pid"] == 12345
-    assert mounts.load_state(str(state))["nodes"]["n1"]["pid"] == 12345
-    state.write_text("{not json")
-    with pytest.raises(ValueError):
-        mounts.load_state(str(state))
-
-
 def test_mounts_holdings_of_many_prerequisites(cluster: LocalCluster) -> None:
     """Read in parallel, the holdings of many files (and a directory, and a missing file) are each
     file's holders with its size, in the order given, directories expanded in name order."""
