@@ -7,12 +7,15 @@ which cluster and node a path on this machine belongs to, the same path in
 another node's mount, who holds which input, node-to-node RTTs -- from the
 launcher's state files and the mounts' `user.gmount.*` xattrs, with the
 standard library only. Everything else goes through `gmountpy.api.Cluster`.
+
+Even `json` (which imports `re`) is too slow to load per job: a state file
+is parsed once and kept as a `marshal` copy (see `load_state`).
 """
 
 from __future__ import annotations
 
 import heapq
-import json
+import marshal
 import os
 import posixpath
 import stat
@@ -21,15 +24,53 @@ TYPE_CHECKING = False  # typing is not imported at run time: per-job wrappers im
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["MountNode", "MountedCluster", "find", "state_dir"]
+__all__ = ["MountNode", "MountedCluster", "find", "load_state", "state_dir"]
 
 WHERE_XATTR = "user.gmount.where"
+#: xattr reads in flight at once for `holdings`: each asks every node, so their round trips overlap
+PARALLEL_READS = 8
 
 
 def state_dir() -> str:
     """Where the launcher keeps running clusters (the same place as `gmountpy.state.state_dir`)."""
     base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
     return os.path.join(base, "gmountpy", "clusters")
+
+
+def load_state(path: str) -> dict[str, Any]:
+    """The launcher's JSON state file at `path`, parsed; through a `marshal` copy when it is current.
+
+    The copy (`<state dir>/../mounts-cache/<name>.marshal`, private like the state file) is keyed by
+    the JSON file's inode, size and mtime, so a rewritten state file is parsed again; a copy that
+    cannot be read or written is just not used. Raises what `open` and `json.loads` raise for the
+    JSON file itself.
+    """
+    with open(path, "rb") as f:
+        info = os.fstat(f.fileno())
+        key = (info.st_ino, info.st_size, info.st_mtime_ns)
+        cache = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(path))), "mounts-cache",
+                             os.path.splitext(os.path.basename(path))[0] + ".marshal")
+        try:
+            with open(cache, "rb") as c:
+                cached_key, cached = marshal.load(c)
+            if cached_key == key and isinstance(cached, dict):
+                return cached
+        except (OSError, EOFError, ValueError, TypeError):
+            pass
+        import json  # only when the state file changed: json loads `re`, slower than a small recipe
+
+        data: dict[str, Any] = json.loads(f.read())
+    if isinstance(data, dict):
+        try:
+            os.makedirs(os.path.dirname(cache), mode=0o700, exist_ok=True)
+            temporary = f"{cache}.{os.getpid()}.tmp"
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with open(fd, "wb") as c:
+                marshal.dump((key, data), c)
+            os.replace(temporary, cache)  # whole or not at all, with recipes reading it in parallel
+        except (OSError, ValueError):
+            pass
+    return data
 
 
 class MountNode:
@@ -108,21 +149,26 @@ class MountedCluster:
         shows (replicas have their source's size).
         """
         base = os.getcwd() if cwd is None else cwd
-        result: dict[str, dict[str, int]] = {}
+        files: dict[str, tuple[str, int]] = {}  # namespace path -> (path here or "" if absent, size)
         for path in paths:
             absolute = os.path.join(base, path)
             found = self.node_for_path(absolute)
             if found is not None:
-                self._hold(absolute, found[1], result)
-        return result
+                self._collect(absolute, found[1], files)
+        # Every `where` asks every node: read them PARALLEL_READS at a time, so a recipe with many
+        # prerequisites waits about one round trip per batch, not one per prerequisite.
+        holders = _read_where([absolute for absolute, _ in files.values()])
+        return {ns_path: {node: size for node in held if node in self.nodes}
+                for (ns_path, (_, size)), held in zip(files.items(), holders, strict=True)}
 
-    def _hold(self, absolute: str, ns_path: str, result: dict[str, dict[str, int]]) -> None:
-        if ns_path in result:
+    def _collect(self, absolute: str, ns_path: str, files: dict[str, tuple[str, int]]) -> None:
+        """Add the files `absolute` stands for (itself, or every file below a directory) to `files`."""
+        if ns_path in files:
             return
         try:
             info = os.stat(absolute)
         except OSError:
-            result[ns_path] = {}
+            files[ns_path] = ("", 0)  # no such file: held by no node
             return
         if stat.S_ISDIR(info.st_mode):
             try:
@@ -130,13 +176,41 @@ class MountedCluster:
             except OSError:
                 names = []
             for name in names:
-                self._hold(os.path.join(absolute, name), posixpath.join(ns_path, name), result)
+                self._collect(os.path.join(absolute, name), posixpath.join(ns_path, name), files)
             return
-        try:
-            holders = os.getxattr(absolute, WHERE_XATTR).decode().split()
-        except OSError:
-            holders = []
-        result[ns_path] = {node: info.st_size for node in holders if node in self.nodes}
+        files[ns_path] = (absolute, info.st_size)
+
+
+def _where(path: str) -> list[str]:
+    """The nodes holding the file at `path` (inside a mount), from its `user.gmount.where` xattr."""
+    if not path:
+        return []
+    try:
+        return os.getxattr(path, WHERE_XATTR).decode().split()
+    except OSError:
+        return []
+
+
+def _read_where(paths: list[str]) -> list[list[str]]:
+    """`_where` of every path, up to PARALLEL_READS at once (threads: the calls wait on the daemons)."""
+    if len(paths) < 2:
+        return [_where(path) for path in paths]
+    import threading  # only for more than one read: most of a recipe's cost is its start
+
+    holders: list[list[str]] = [[] for _ in paths]
+    workers = min(PARALLEL_READS, len(paths))
+
+    def read(first: int) -> None:
+        for i in range(first, len(paths), workers):
+            holders[i] = _where(paths[i])
+
+    threads = [threading.Thread(target=read, args=(first,), daemon=True) for first in range(1, workers)]
+    for thread in threads:
+        thread.start()
+    read(0)
+    for thread in threads:
+        thread.join()
+    return holders
 
 
 def find(path: str) -> tuple[MountedCluster, str, str] | None:
@@ -147,8 +221,7 @@ def find(path: str) -> tuple[MountedCluster, str, str] | None:
         return None
     for name in names:
         try:
-            with open(os.path.join(state_dir(), name)) as f:
-                cluster = MountedCluster(json.load(f))
+            cluster = MountedCluster(load_state(os.path.join(state_dir(), name)))
         except (OSError, ValueError, KeyError, TypeError):
             continue  # damaged or half-written: `gmount status` reports those
         found = cluster.node_for_path(path)

@@ -25,18 +25,24 @@ running/slots, then most free slots, then cluster-file order).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+# Standard library only, and no dataclasses or typing at run time: make's gmount-sh imports this
+# once per recipe, and `dataclasses` alone (re, inspect, ...) costs more than the rule.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+    from typing import Any
+
+    #: holdings[input][node] = bytes of `input` that `node` holds
+    Holdings = Mapping[str, Mapping[str, int]]
 
 __all__ = ["Decision", "choose_node"]
 
-#: holdings[input][node] = bytes of `input` that `node` holds
-Holdings = Mapping[str, Mapping[str, int]]
 
-
-@dataclass(frozen=True)
 class Decision:
-    """The chosen node and the numbers that led to it."""
+    """The chosen node and the numbers that led to it (immutable; compares by value)."""
+
+    __slots__ = ("candidates", "node", "reason", "remote_cost", "scores", "unlocated")
+    _FIELDS = ("node", "reason", "scores", "candidates", "remote_cost", "unlocated")
 
     node: str
     reason: str
@@ -44,6 +50,29 @@ class Decision:
     candidates: tuple[str, ...]        # nodes within half of the best score
     remote_cost: Mapping[str, float]   # bytes x ms still to read remotely, per node
     unlocated: tuple[str, ...]         # inputs no node holds (ignored by the rule)
+
+    def __init__(self, node: str, reason: str, scores: Mapping[str, int], candidates: tuple[str, ...],
+                 remote_cost: Mapping[str, float], unlocated: tuple[str, ...]) -> None:
+        for name, value in zip(self._FIELDS, (node, reason, scores, candidates, remote_cost, unlocated),
+                               strict=True):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"Decision is immutable: cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Decision is immutable: cannot delete field {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in self._FIELDS)
+
+    __hash__ = None  # type: ignore[assignment]  # holds dicts, as the dataclass it replaces did
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._FIELDS)
+        return f"Decision({fields})"
 
 
 def choose_node(holdings: Holdings, nodes: Sequence[str], *, slots: Mapping[str, int],

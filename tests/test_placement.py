@@ -133,3 +133,20 @@ def test_arguments_are_checked() -> None:
         choose_node({}, [], slots={}, running={}, rtt=rtt)
     with pytest.raises(ValueError, match="unknown node 'n9'"):
         choose_node({"x": {"n9": 1}}, NODES, slots={}, running={}, rtt=rtt)
+
+
+def test_decision_is_an_immutable_value() -> None:
+    """Decision is a plain class (no dataclasses: make's gmount-sh imports this per recipe): it keeps the
+    dataclass it replaced's value equality, repr and immutability."""
+    holdings = {"a": {"n1": 5}, "b": {}}
+    first = choose_node(holdings, ["n1", "n2"], slots={}, running={}, rtt=lambda a, b: 1.0)
+    second = choose_node(holdings, ["n1", "n2"], slots={}, running={}, rtt=lambda a, b: 1.0)
+    assert first == second and first is not second
+    assert first != choose_node({"a": {"n2": 5}}, ["n1", "n2"], slots={}, running={}, rtt=lambda a, b: 1.0)
+    assert repr(first).startswith("Decision(node='n1', reason=") and "unlocated=('b',)" in repr(first)
+    with pytest.raises(AttributeError, match="immutable"):
+        first.node = "n2"  # type: ignore[misc]
+    with pytest.raises(AttributeError, match="immutable"):
+        del first.reason  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        hash(first)

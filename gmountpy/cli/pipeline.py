@@ -48,6 +48,9 @@ def _embedded_cluster(base: str) -> str:
 @click.argument("name", type=click.Choice(["montage", "event"]))
 @click.option("--tiles", type=click.IntRange(min=1), help="Montage: number of sky tiles (default 16).")
 @click.option("--docs", type=click.IntRange(min=1), help="Event recognition: number of abstracts (default 158).")
+@click.option("--tile-pixels", type=click.IntRange(min=16),
+              help="Montage: side of a sky tile in pixels (default 128). Larger tiles make every job longer "
+                   "(e.g. 512 or 1024: jobs of realistic length) with the same DAG.")
 @click.option("--engine", type=click.Choice(["make", "snakemake"]), default="make", show_default=True)
 @click.option("--placement", type=click.Choice(["locality", "random", "single"]), default="locality",
               show_default=True, help="locality: the gmount plugins place each job; random / single: baselines.")
@@ -59,8 +62,8 @@ def _embedded_cluster(base: str) -> str:
               help="Where report.json, report.png and the single-directory run go "
                    "[default: ./gmount-pipeline-NAME].")
 @click.option("--seed", type=int, default=1, show_default=True, help="Seed of the random placement.")
-def command(name: str, tiles: int | None, docs: int | None, engine: str, placement: str, compare: bool,
-            cluster_file: str | None, out_dir: str | None, seed: int) -> None:
+def command(name: str, tiles: int | None, docs: int | None, tile_pixels: int | None, engine: str, placement: str,
+            compare: bool, cluster_file: str | None, out_dir: str | None, seed: int) -> None:
     """Run the Montage or event-recognition pipeline on a cluster and report where its jobs ran and what
     they read: makespan, stage times, jobs per node, bytes read local vs remote (JSON + PNG)."""
     from ..pipelines import pipeline
@@ -72,6 +75,9 @@ def command(name: str, tiles: int | None, docs: int | None, engine: str, placeme
     if wrong is not None:
         raise click.UsageError(f"--{'docs' if name == 'montage' else 'tiles'} does not apply to the {name} pipeline; "
                                f"use --{pipe.size_name}")
+    if tile_pixels is not None and name != "montage":
+        raise click.UsageError(f"--tile-pixels applies to the montage pipeline only, not to {name}")
+    options = {"tile_pixels": tile_pixels} if tile_pixels is not None else {}
     size = (tiles if name == "montage" else docs) or pipe.default_size
     placements = ["locality", "random", "single"] if compare else [placement]
     if "locality" in placements:
@@ -82,8 +88,9 @@ def command(name: str, tiles: int | None, docs: int | None, engine: str, placeme
     out = os.path.abspath(out_dir or f"gmount-pipeline-{name}")
     os.makedirs(out, exist_ok=True)
 
-    console.print(f"{name}: {size} {pipe.size_name}, {engine}; first on one local directory (the reference)")
-    reference = run_single_directory(pipe, size, engine, os.path.join(out, "single-directory"))
+    shape = f" of {tile_pixels}x{tile_pixels} pixels" if tile_pixels is not None else ""
+    console.print(f"{name}: {size} {pipe.size_name}{shape}, {engine}; first on one local directory (the reference)")
+    reference = run_single_directory(pipe, size, engine, os.path.join(out, "single-directory"), options=options)
     console.print(f"  single directory: {reference['makespan_s']:.1f} s")
 
     started_here = None
@@ -101,7 +108,8 @@ def command(name: str, tiles: int | None, docs: int | None, engine: str, placeme
         runs = []
         for chosen in placements:
             console.print(f"running on cluster {spec.name} with {chosen} placement ...")
-            report = run_on_cluster(cluster, pipe, size, engine, chosen, scratch=os.path.join(out, "logs"), seed=seed)
+            report = run_on_cluster(cluster, pipe, size, engine, chosen, scratch=os.path.join(out, "logs"), seed=seed,
+                                    options=options)
             difference = check_against(report, pipe, reference["directory"])
             report["check"] = "same as single directory" if difference is None else f"DIFFERS: {difference}"
             console.print(f"  {chosen}: {report['makespan_s']:.1f} s, {report['check']}")

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 #: node -> directory its inputs go to (the same directory for a single-directory run)
 WorkdirFor = Callable[[str], str]
+#: a pipeline's input options beyond its size (Montage: tile_pixels); each pipeline names its own
+Options = Mapping[str, int]
 
 
 @dataclass(frozen=True)
@@ -27,8 +29,9 @@ class Pipeline:
     size_name: str    # "tiles", "docs"
     default_size: int
     stages: tuple[str, ...]  # in DAG order
-    #: write the inputs of size n, spread over `sites` (site -> nodes); files go under workdir_for(node)
-    generate: Callable[[int, Mapping[str, Sequence[str]], WorkdirFor], None]
+    #: write the inputs of size n, spread over `sites` (site -> nodes); files go under workdir_for(node);
+    #: options as in `options` (raises ValueError on one it does not know)
+    generate: Callable[[int, Mapping[str, Sequence[str]], WorkdirFor, Options], None]
     #: the jobs of a finished run, from the relative paths of the files it left
     jobs: Callable[[Sequence[str]], list[Job]]
     #: compare a run's result directory with the single-directory run's: None if equal, else what differs

@@ -34,7 +34,7 @@ from typing import Any
 
 from ..api import Cluster
 from ..errors import GmountError
-from .base import Job, Pipeline
+from .base import Job, Options, Pipeline
 
 ENGINES = ("make", "snakemake")
 PLACEMENTS = ("locality", "random", "single")
@@ -112,19 +112,20 @@ def _tail(text: str, lines: int = 25) -> str:
 # --------------------------------------------------------------------------- one plain directory
 
 
-def run_single_directory(pipe: Pipeline, size: int, engine: str, directory: str, jobs: int = 2) -> dict[str, Any]:
+def run_single_directory(pipe: Pipeline, size: int, engine: str, directory: str, jobs: int = 2,
+                         options: Options | None = None) -> dict[str, Any]:
     """The reference: the same pipeline on one local directory, no gmount involved."""
     if os.path.exists(directory):
         shutil.rmtree(directory)
     os.makedirs(directory)
-    pipe.generate(size, {"local": ["local"]}, lambda node: directory)
+    pipe.generate(size, {"local": ["local"]}, lambda node: directory, options or {})
     _copy_workflow(pipe, directory)
     extra = ["GMOUNT_OFF=1"] if engine == "make" else []
     run = _run_engine(_engine_command(engine, jobs, extra), directory, {}, os.path.join(directory, "engine.log"))
     if run.returncode != 0:
         raise GmountError(f"the single-directory {pipe.name} run failed ({engine} exit {run.returncode}) in "
                           f"{directory}:\n{_tail(run.output)}")
-    return {"directory": directory, "makespan_s": round(run.seconds, 3), "engine": engine}
+    return {"directory": directory, "makespan_s": round(run.seconds, 3), "engine": engine, **(options or {})}
 
 
 # --------------------------------------------------------------------------- on a cluster
@@ -189,8 +190,10 @@ def job_table(jobs: list[Job], files: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def run_on_cluster(cluster: Cluster, pipe: Pipeline, size: int, engine: str, placement: str, *,
-                   scratch: str, seed: int = 1, single_node: str | None = None) -> dict[str, Any]:
-    """One run of `pipe` on a running cluster; returns the report (a JSON-able dict)."""
+                   scratch: str, seed: int = 1, single_node: str | None = None,
+                   options: Options | None = None) -> dict[str, Any]:
+    """One run of `pipe` on a running cluster; returns the report (a JSON-able dict). `options`: the
+    pipeline's input options (Montage: tile_pixels), recorded in the report."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}: choose {' or '.join(ENGINES)}")
     if placement not in PLACEMENTS:
@@ -206,7 +209,7 @@ def run_on_cluster(cluster: Cluster, pipe: Pipeline, size: int, engine: str, pla
     stamp = time.strftime("%Y%m%d-%H%M%S")
     workdir = f"/pipelines/{pipe.name}-{size}-{engine}-{placement}-{stamp}-{os.getpid()}"
     sites = {site: list(names) for site, names in cluster.sites.items()}
-    pipe.generate(size, sites, lambda node: mounts[node] + workdir)
+    pipe.generate(size, sites, lambda node: mounts[node] + workdir, options or {})
     home_dir = mounts[home] + workdir
     _copy_workflow(pipe, home_dir)
     slots = {n.name: n.slots for n in nodes}
@@ -243,6 +246,7 @@ def run_on_cluster(cluster: Cluster, pipe: Pipeline, size: int, engine: str, pla
     counters = _delta(after, before)
     report = _report(pipe, size, engine, placement, cluster, workdir, home_dir, run, started_ns, rows, counters)
     report["job_seconds"] = placement_log_seconds(home_dir, rows, pipe.rules)
+    report.update(options or {})
     return report
 
 

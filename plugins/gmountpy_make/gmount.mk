@@ -16,6 +16,8 @@
 
 ifndef GMOUNT_MK_INCLUDED
 GMOUNT_MK_INCLUDED := 1
+# This file's directory, taken now: later includes (a generated diffs.mk, ...) change MAKEFILE_LIST.
+GMOUNT_MK_DIR := $(abspath $(dir $(lastword $(MAKEFILE_LIST))))/
 
 # One log per run of make: sub-makes inherit it through the environment.
 # (Computed here, before SHELL is set, so this $(shell) is plain /bin/sh.)
@@ -29,7 +31,7 @@ export GMOUNT_RECIPE_SHELL
 
 # This file is <prefix>/lib/pythonX.Y/site-packages/gmountpy_make/gmount.mk in
 # a normal install, so the wrapper is <prefix>/bin/gmount-sh; else use PATH.
-GMOUNT_SH ?= $(or $(abspath $(wildcard $(dir $(lastword $(MAKEFILE_LIST)))../../../../bin/gmount-sh)),gmount-sh)
+GMOUNT_SH ?= $(or $(abspath $(wildcard $(GMOUNT_MK_DIR)../../../../bin/gmount-sh)),gmount-sh)
 
 # `=`, not `:=`: $@ and $^ must be expanded per recipe, when make runs it.
 export GMOUNT_TARGET = $@

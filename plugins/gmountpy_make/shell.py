@@ -4,8 +4,11 @@ make calls `gmount-sh -c RECIPE` (or with its .SHELLFLAGS) for every recipe
 line (one call per recipe with .ONESHELL), with GMOUNT_TARGET=$@ and
 GMOUNT_DEPS=$^ in the environment. This runs once per recipe, so it imports
 only the standard library and the stdlib-only `gmountpy.mounts` (and
-`gmountpy.placement` when more than one node holds inputs); the full API is
-loaded only to reach SSH nodes.
+`gmountpy.placement` when more than one node holds inputs) -- not even
+`json` (it loads `re`) nor `signal`'s enums: the log line is written by
+`json_line`, signals are handled through `_signal`; the full
+API is loaded only to reach SSH nodes. The recipe starts with posix_spawn
+(vfork), not fork: copying this process's memory map costs more.
 
 - No target (a `$(shell ...)`): exec the recipe shell right here.
 - Otherwise: find the cluster and node from the current directory (it is
@@ -28,9 +31,7 @@ loaded only to reach SSH nodes.
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import sys
 import time
 
@@ -38,8 +39,13 @@ from gmountpy import mounts
 
 TYPE_CHECKING = False  # typing is not imported at run time: it costs more than a small recipe
 if TYPE_CHECKING:
+    import signal
     from types import FrameType
     from typing import NoReturn
+else:
+    # The C module `signal` wraps: the same functions and constants, without the enums the
+    # wrapper builds when imported (milliseconds, once per recipe).
+    import _signal as signal
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 #: Variables that describe the recipe to gmount-sh only: a sub-make started by
@@ -102,14 +108,11 @@ def run_local(cluster: mounts.MountedCluster, node: str, ns_dir: str, command: l
     workdir = cluster.path_on(node, ns_dir)
     env = {k: v for k, v in os.environ.items() if k not in PRIVATE_VARIABLES}
     env.update(GMOUNT_NODE=node, GMOUNT_SITE=cluster.nodes[node].site, GMOUNT_CLUSTER=cluster.name, PWD=workdir)
-    me = os.getpid()
     child = 0
     received: list[int] = []
     original = {sig: signal.getsignal(sig) for sig in FORWARDED}
 
     def forward(sig: int, frame: FrameType | None) -> None:
-        if os.getpid() != me:
-            return  # in the child before exec: the default action follows
         received.append(sig)
         if child:
             try:
@@ -120,23 +123,23 @@ def run_local(cluster: mounts.MountedCluster, node: str, ns_dir: str, command: l
     for sig in FORWARDED:
         if original[sig] != signal.SIG_IGN:
             signal.signal(sig, forward)
-    child = os.fork()
-    if child == 0:
-        try:
-            for sig in FORWARDED:
-                signal.signal(sig, signal.SIG_IGN if original[sig] == signal.SIG_IGN else signal.SIG_DFL)
-            os.setpgid(0, 0)
-            os.chdir(workdir)
-            os.execve(command[0], command, env)
-        except OSError as exc:
-            os.write(2, f"gmount-sh: cannot run the recipe of {target} on node {node} in {workdir}: "
-                        f"{exc.strerror or exc}\n".encode())
-        os._exit(127)
+    # The child gets its own process group before it runs, the caught signals back to their default
+    # action at exec (ignored ones stay ignored, as make left them), and this directory on `node`'s
+    # mount: posix_spawn has no working directory of its own, so this process goes there and back.
+    here = os.getcwd()
     try:
-        os.setpgid(child, child)  # also here: a signal may come before the child has done it
-    except OSError:
-        pass  # the child has exec'd (or exited) already and did it itself
-    if received:  # came while forking
+        os.chdir(workdir)
+        try:
+            child = os.posix_spawn(command[0], command, env, setpgroup=0)
+        finally:
+            os.chdir(here)
+    except OSError as exc:
+        for sig in FORWARDED:
+            signal.signal(sig, original[sig])
+        print(f"gmount-sh: cannot run the recipe of {target} on node {node} in {workdir}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 127
+    if received:  # came while starting it
         forward(received[-1], None)
     _, status = os.waitpid(child, 0)
     if received:
@@ -208,9 +211,9 @@ def log(cluster: mounts.MountedCluster, target: str, node: str, make_node: str, 
     located = [held for held in holdings.values() if held]
     local = sum(held[node] for held in located if node in held)
     remote = sum(max(held.values()) for held in located if node not in held)
-    line = json.dumps({"target": target, "node": node, "make_node": make_node, "cluster": cluster.name,
-                       "cwd": ns_dir, "inputs": len(holdings), "bytes_local": local, "bytes_remote": remote,
-                       "seconds": round(seconds, 6), "status": status, "time": time.time()})
+    line = json_line({"target": target, "node": node, "make_node": make_node, "cluster": cluster.name,
+                      "cwd": ns_dir, "inputs": len(holdings), "bytes_local": local, "bytes_remote": remote,
+                      "seconds": round(seconds, 6), "status": status, "time": time.time()})
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -221,6 +224,53 @@ def log(cluster: mounts.MountedCluster, target: str, node: str, make_node: str, 
     except OSError as exc:
         print(f"gmount-sh: cannot write the placement log {path}: {exc.strerror or exc} "
               "(set GMOUNT_PLACEMENT_LOG to a writable file)", file=sys.stderr)
+
+
+#: JSON's two-character escapes; other characters outside printable ASCII become \\uXXXX
+_SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f"}
+
+
+def json_line(record: dict[str, str | int | float]) -> str:
+    """`json.dumps(record)` for a flat record of strings and numbers, without importing json (and re).
+
+    Strings are escaped as json.dumps does by default (ensure_ascii): so a target name with
+    undecodable bytes (surrogate escapes) still makes a valid line.
+    """
+    parts = []
+    for key, value in record.items():
+        if isinstance(value, str):
+            text = json_string(value)
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"json_line: {key!r} is {value!r}, not a string or a number")
+        elif isinstance(value, int):
+            text = str(value)
+        elif value != value:
+            text = "NaN"
+        elif value in (float("inf"), float("-inf")):
+            text = "Infinity" if value > 0 else "-Infinity"
+        else:
+            text = repr(value)
+        parts.append(f"{json_string(key)}: {text}")
+    return "{" + ", ".join(parts) + "}"
+
+
+def json_string(text: str) -> str:
+    """A JSON string literal for `text`, exactly as json.dumps writes it."""
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return f'"{text}"'
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch in _SHORT_ESCAPES:
+            out.append(_SHORT_ESCAPES[ch])
+        elif 0x20 <= code < 0x7F:
+            out.append(ch)
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:  # outside the BMP: a surrogate pair
+            code -= 0x10000
+            out.append(f"\\u{0xD800 | (code >> 10):04x}\\u{0xDC00 | (code & 0x3FF):04x}")
+    return '"' + "".join(out) + '"'
 
 
 def strip_oneshell_prefixes(script: str) -> str:

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from gmountpy import Cluster
@@ -169,6 +170,54 @@ def test_pipeline_command_writes_report_and_chart(cluster4: LocalCluster, tmp_pa
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "mosaic.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "bytes" not in result.stderr
+
+
+def test_pipeline_command_tile_pixels_makes_tiles_of_that_size(cluster4: LocalCluster, tmp_path: Path) -> None:
+    """--tile-pixels reaches the tiles on the cluster and in the reference run, and the report records it."""
+    require("Montage", montage_problem())
+    from astropy.io import fits
+
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, "-m", "gmountpy", "pipeline", "montage", "--tiles", "4",
+                             "--tile-pixels", "48", "--placement", "random",
+                             "--cluster", str(cluster4.base / "cluster.toml"), "--out", str(out)],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((out / "report.json").read_text())
+    (run,) = report["runs"]
+    assert run["check"] == "same as single directory"
+    assert run["tile_pixels"] == 48 and report["single_directory"]["tile_pixels"] == 48
+    for directory in (Path(run["directory"]), out / "single-directory"):
+        tiles = sorted((directory / "raw").glob("tile_*.fits"))
+        assert len(tiles) == 4
+        for tile in tiles:
+            assert fits.getdata(tile).shape == (48, 48)
+            assert fits.getheader(tile)["CRPIX1"] == 24.5
+
+
+def test_montage_generate_tile_pixels(tmp_path: Path) -> None:
+    """The option changes the tiles' size (and the field they cover); without it tiles stay 128 pixels."""
+    from astropy.io import fits
+
+    pipe = pipeline("montage")
+    pipe.generate(2, {"local": ["local"]}, lambda node: str(tmp_path / "default"), {})
+    pipe.generate(2, {"local": ["local"]}, lambda node: str(tmp_path / "big"), {"tile_pixels": 200})
+    default = fits.getdata(tmp_path / "default" / "raw" / "tile_001.fits")
+    big = fits.getdata(tmp_path / "big" / "raw" / "tile_001.fits")
+    assert default.shape == (128, 128) and big.shape == (200, 200)
+    assert big.max() > big.min() + 50  # point sources rendered over the whole tile, not just a corner
+    assert np.median(big[:100, :100]) > 40 and np.median(big[100:, 100:]) > 40
+    with pytest.raises(ValueError, match="no option pixels"):
+        pipe.generate(2, {"local": ["local"]}, lambda node: str(tmp_path / "bad"), {"pixels": 64})
+    with pytest.raises(ValueError, match="no option tile_pixels"):
+        pipeline("event").generate(2, {"local": ["local"]}, lambda node: str(tmp_path / "ev"), {"tile_pixels": 64})
+
+
+def test_pipeline_command_refuses_tile_pixels_for_event() -> None:
+    result = subprocess.run([sys.executable, "-m", "gmountpy", "pipeline", "event", "--tile-pixels", "64"],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 2
+    assert "--tile-pixels applies to the montage pipeline only" in result.stderr
 
 
 def test_pipeline_command_refuses_a_size_of_the_other_pipeline() -> None:

@@ -20,10 +20,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gmountpy import Cluster, mounts
 from gmountpy_make import MAKEFILE
-from gmountpy_make.shell import strip_oneshell_prefixes
+from gmountpy_make.shell import json_line, json_string, strip_oneshell_prefixes
 
 from ..conftest import (
     LocalCluster,
@@ -338,6 +340,62 @@ def test_make_interrupt_leaves_no_processes(cluster: LocalCluster, how: str) -> 
                         os.kill(pid, signal.SIGKILL)
                 except (FileNotFoundError, ValueError, ProcessLookupError):
                     pass
+
+
+@given(st.text())
+def test_json_string_writes_what_json_dumps_writes(text: str) -> None:
+    assert json_string(text) == json.dumps(text)
+
+
+def test_json_line_writes_what_json_dumps_writes() -> None:
+    record: dict[str, str | int | float] = {
+        "target": 'fits/fit.000.001.txt "q" \\ \t\n\x7f', "node": "n\u00e9\U0001f600", "odd": "\udcff",
+        "inputs": 5, "bytes_remote": 10**20, "seconds": 0.000123, "time": 1795452491.1528616, "neg": -3.5e-9}
+    assert json_line(record) == json.dumps(record)
+    assert json.loads(json_line(record)) == record
+    with pytest.raises(TypeError, match="not a string or a number"):
+        json_line({"flag": True})
+
+
+def test_gmount_sh_imports_only_cheap_modules(tmp_path: Path) -> None:
+    """gmount-sh runs once per recipe: importing it (and the placement rule it loads when more than one
+    node holds inputs) must not load json, re, dataclasses, typing, ... -- each costs milliseconds."""
+    def loaded(code: str) -> set[str]:
+        out = subprocess.run([sys.executable, "-c", code + "; import sys; print(' '.join(sys.modules))"],
+                             cwd=tmp_path, check=True, capture_output=True, text=True).stdout
+        return set(out.split())
+
+    baseline = loaded("pass")
+    added = loaded("import gmountpy_make.shell, gmountpy.placement, gmountpy.mounts") - baseline
+    heavy = {"json", "re", "dataclasses", "typing", "inspect", "threading", "subprocess", "collections", "enum"}
+    assert not added & heavy, sorted(added & heavy)
+
+
+def test_mounts_holdings_of_many_prerequisites(cluster: LocalCluster) -> None:
+    """Read in parallel, the holdings of many files (and a directory, and a missing file) are each
+    file's holders with its size, in the order given, directories expanded in name order."""
+    wf = "wf-holdings"
+    expected: dict[str, dict[str, int]] = {}
+    names = []
+    for i in range(20):
+        node = NODES[i % 4]
+        (cluster.export(node) / wf).mkdir(parents=True, exist_ok=True)
+        (cluster.export(node) / wf / f"f{i:02d}.txt").write_bytes(b"x" * (100 + i))
+        names.append(f"f{i:02d}.txt")
+        expected[f"/{wf}/f{i:02d}.txt"] = {node: 100 + i}
+    for node, size in (("n2", 7), ("n4", 9)):
+        (cluster.export(node) / wf / "sub").mkdir(parents=True, exist_ok=True)
+        (cluster.export(node) / wf / "sub" / f"{node}.dat").write_bytes(b"y" * size)
+    found = mounts.find(str(cluster.mount("n1") / wf))
+    assert found is not None
+    mounted = found[0]
+    order = list(reversed(names)) + ["sub", "missing.txt", "/elsewhere/not-in-a-mount"]
+    holdings = mounted.holdings(order, str(cluster.mount("n1") / wf))
+    assert list(holdings) == [f"/{wf}/{n}" for n in reversed(names)] + \
+        [f"/{wf}/sub/n2.dat", f"/{wf}/sub/n4.dat", f"/{wf}/missing.txt"]
+    assert holdings == {**expected, f"/{wf}/sub/n2.dat": {"n2": 7}, f"/{wf}/sub/n4.dat": {"n4": 9},
+                        f"/{wf}/missing.txt": {}}
+    assert mounted.holdings(["f03.txt"], str(cluster.mount("n3") / wf)) == {f"/{wf}/f03.txt": {"n4": 103}}
 
 
 def test_make_outside_a_mount_says_what_to_do(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 
-from ..base import Job, Pipeline, WorkdirFor
+from ..base import Job, Options, Pipeline, WorkdirFor
 
 STAGES = ("split", "tokenize", "tag", "entities", "events", "aggregate")
 _CHAIN = [("split", "docs/{}.xml", "sent/{}.json"), ("tokenize", "sent/{}.json", "tok/{}.json"),
@@ -24,8 +24,11 @@ def spread(names: Sequence[str], sites: Mapping[str, Sequence[str]]) -> dict[str
     return result
 
 
-def generate(n: int, sites: Mapping[str, Sequence[str]], workdir_for: WorkdirFor) -> None:
+def generate(n: int, sites: Mapping[str, Sequence[str]], workdir_for: WorkdirFor, options: Options) -> None:
     from .corpus import pmids, write_corpus
+
+    if options:
+        raise ValueError(f"the event pipeline has no option {', '.join(sorted(options))}")
 
     names = [f"{p}.xml" for p in pmids(n)]
     node_of = spread(names, sites)

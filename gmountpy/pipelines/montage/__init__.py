@@ -6,7 +6,7 @@ import io
 import os
 from collections.abc import Callable, Mapping, Sequence
 
-from ..base import Job, Pipeline, WorkdirFor
+from ..base import Job, Options, Pipeline, WorkdirFor
 
 STAGES = ("mImgtbl", "mMakeHdr", "mProjectPP", "mOverlaps", "mDiffFit", "mConcatFit", "mBgModel", "mBackground",
           "mAdd", "mViewer")
@@ -21,12 +21,17 @@ def tiles_table(names: Sequence[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def generate(n: int, sites: Mapping[str, Sequence[str]], workdir_for: WorkdirFor) -> None:
-    from .tiles import plan_tiles, spread_by_site, write_tiles
+def generate(n: int, sites: Mapping[str, Sequence[str]], workdir_for: WorkdirFor, options: Options) -> None:
+    """n tiles spread by site; option tile_pixels: the side of a tile (default tiles.TILE_PIXELS)."""
+    from .tiles import TILE_PIXELS, plan_tiles, spread_by_site, write_tiles
 
-    tiles = plan_tiles(n)
+    unknown = sorted(set(options) - {"tile_pixels"})
+    if unknown:
+        raise ValueError(f"the montage pipeline has no option {', '.join(unknown)} (it has tile_pixels)")
+    pixels = options.get("tile_pixels", TILE_PIXELS)
+    tiles = plan_tiles(n, pixels=pixels)
     node_of = spread_by_site(tiles, {s: list(nodes) for s, nodes in sites.items()})
-    write_tiles(n, lambda t: os.path.join(workdir_for(node_of[t.index]), "raw", t.name))
+    write_tiles(n, lambda t: os.path.join(workdir_for(node_of[t.index]), "raw", t.name), pixels=pixels)
     first = next(iter(sites.values()))[0]
     with open(os.path.join(workdir_for(first), "tiles.tbl"), "w") as f:
         f.write(tiles_table([t.name for t in tiles]))

@@ -22,7 +22,7 @@ from astropy.wcs import WCS
 #: Field centre (near M101) and pixel scale (degrees per pixel).
 RA0, DEC0 = 210.80, 54.35
 SCALE = 1.0 / 3600
-TILE_PIXELS = 128
+TILE_PIXELS = 128  # the default side of a tile; `gmount pipeline montage --tile-pixels N` changes it
 OVERLAP = 0.25  # fraction of a tile shared with each neighbour
 
 
@@ -37,6 +37,7 @@ class Tile:
     rotation: float  # degrees
     background: float
     slope: tuple[float, float]
+    pixels: int = TILE_PIXELS  # side of the (square) tile
 
 
 def grid_shape(n: int) -> tuple[int, int]:
@@ -48,27 +49,32 @@ def grid_shape(n: int) -> tuple[int, int]:
     return rows, cols
 
 
-def plan_tiles(n: int, seed: int = 2011) -> list[Tile]:
+def plan_tiles(n: int, seed: int = 2011, pixels: int = TILE_PIXELS) -> list[Tile]:
+    """n tiles of pixels x pixels on a grid; larger tiles cover more sky (same scale and overlap), so
+    Montage's jobs take longer while the DAG stays the same."""
+    if pixels < 16:
+        raise ValueError(f"tiles must be at least 16 pixels wide, got {pixels}")
     rng = np.random.default_rng(seed)
     rows, cols = grid_shape(n)
-    step = TILE_PIXELS * (1 - OVERLAP) * SCALE
+    step = pixels * (1 - OVERLAP) * SCALE
     tiles = []
     for i in range(n):
         row, col = divmod(i, cols)
         dec = DEC0 + (row - (rows - 1) / 2) * step + rng.normal(0, 2 * SCALE)
         ra = RA0 + (col - (cols - 1) / 2) * step / math.cos(math.radians(dec)) + rng.normal(0, 2 * SCALE)
         tiles.append(Tile(i, f"tile_{i:03d}.fits", row, col, ra, dec, float(rng.uniform(-2.0, 2.0)),
-                          float(rng.uniform(50.0, 150.0)), (float(rng.normal(0, 0.05)), float(rng.normal(0, 0.05)))))
+                          float(rng.uniform(50.0, 150.0)), (float(rng.normal(0, 0.05)), float(rng.normal(0, 0.05))),
+                          pixels))
     return tiles
 
 
 def _sources(tiles: list[Tile], seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One catalogue of point sources over the whole field: (ra, dec, flux)."""
     rng = np.random.default_rng(seed + 1)
-    half = TILE_PIXELS * SCALE
+    half = tiles[0].pixels * SCALE
     ras = [t.ra for t in tiles]
     decs = [t.dec for t in tiles]
-    count = 40 * len(tiles)
+    count = round(40 * len(tiles) * (tiles[0].pixels / TILE_PIXELS) ** 2)  # same density of sources
     dec = rng.uniform(min(decs) - half, max(decs) + half, count)
     ra = rng.uniform(min(ras) - half / math.cos(math.radians(DEC0)), max(ras) + half / math.cos(math.radians(DEC0)),
                      count)
@@ -81,7 +87,7 @@ def tile_header(tile: Tile) -> fits.Header:
     header = fits.Header()
     header["CTYPE1"], header["CTYPE2"] = "RA---TAN", "DEC--TAN"
     header["CRVAL1"], header["CRVAL2"] = tile.ra, tile.dec
-    header["CRPIX1"] = header["CRPIX2"] = (TILE_PIXELS + 1) / 2
+    header["CRPIX1"] = header["CRPIX2"] = (tile.pixels + 1) / 2
     header["CDELT1"], header["CDELT2"] = -SCALE, SCALE
     header["CROTA2"] = tile.rotation
     header["EQUINOX"] = 2000.0
@@ -96,12 +102,20 @@ def render(tile: Tile, catalogue: tuple[np.ndarray, np.ndarray, np.ndarray], see
     w = tile_wcs(tile)
     ra, dec, flux = catalogue
     x, y = w.all_world2pix(ra, dec, 0)
-    yy, xx = np.mgrid[0:TILE_PIXELS, 0:TILE_PIXELS].astype(np.float64)
-    image = tile.background + tile.slope[0] * (xx - TILE_PIXELS / 2) + tile.slope[1] * (yy - TILE_PIXELS / 2)
+    side = tile.pixels
+    yy, xx = np.mgrid[0:side, 0:side].astype(np.float64)
+    image = tile.background + tile.slope[0] * (xx - side / 2) + tile.slope[1] * (yy - side / 2)
     sigma = 1.5
-    inside = (x > -8) & (x < TILE_PIXELS + 8) & (y > -8) & (y < TILE_PIXELS + 8)
+    inside = (x > -8) & (x < side + 8) & (y > -8) & (y < side + 8)
+    reach = 12  # pixels: beyond this a source adds < 1e-11, far below float32 resolution of the sky level
     for sx, sy, f in zip(x[inside], y[inside], flux[inside], strict=True):
-        image += f / (2 * math.pi * sigma**2) * np.exp(-((xx - sx) ** 2 + (yy - sy) ** 2) / (2 * sigma**2))
+        # only the stamp around the source: large tiles hold many sources, each touching few pixels
+        x0, x1 = max(int(sx) - reach, 0), min(int(sx) + reach + 1, side)
+        y0, y1 = max(int(sy) - reach, 0), min(int(sy) + reach + 1, side)
+        if x0 >= x1 or y0 >= y1:
+            continue
+        dx, dy = xx[y0:y1, x0:x1] - sx, yy[y0:y1, x0:x1] - sy
+        image[y0:y1, x0:x1] += f / (2 * math.pi * sigma**2) * np.exp(-(dx**2 + dy**2) / (2 * sigma**2))
     image += np.random.default_rng(seed + 100 + tile.index).normal(0, 1.0, image.shape)
     header = tile_header(tile)
     header["BUNIT"] = "DN"
@@ -110,9 +124,11 @@ def render(tile: Tile, catalogue: tuple[np.ndarray, np.ndarray, np.ndarray], see
     return fits.HDUList([fits.PrimaryHDU(image.astype(np.float32), header)])
 
 
-def write_tiles(n: int, destination: Callable[[Tile], str], seed: int = 2011) -> list[tuple[Tile, str]]:
-    """Write n tiles; `destination(tile)` gives each tile's file path. Returns (tile, path) pairs."""
-    tiles = plan_tiles(n, seed)
+def write_tiles(n: int, destination: Callable[[Tile], str], seed: int = 2011,
+                pixels: int = TILE_PIXELS) -> list[tuple[Tile, str]]:
+    """Write n tiles of pixels x pixels; `destination(tile)` gives each tile's file path. Returns (tile, path)
+    pairs."""
+    tiles = plan_tiles(n, seed, pixels)
     catalogue = _sources(tiles, seed)
     written = []
     for tile in tiles:
@@ -146,7 +162,7 @@ def main(argv: list[str]) -> int:
         return 2
     from . import generate
 
-    generate(int(argv[0]), {"local": ["local"]}, lambda node: argv[1])
+    generate(int(argv[0]), {"local": ["local"]}, lambda node: argv[1], {})
     return 0
 
 
