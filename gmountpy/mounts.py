@@ -24,7 +24,7 @@ TYPE_CHECKING = False  # typing is not imported at run time: per-job wrappers im
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["MountNode", "MountedCluster", "find", "load_state", "state_dir"]
+__all__ = ["MountNode", "MountedCluster", "find", "load_state", "state_cache", "state_dir"]
 
 WHERE_XATTR = "user.gmount.where"
 #: xattr reads in flight at once for `holdings`: each asks every node, so their round trips overlap
@@ -35,6 +35,12 @@ def state_dir() -> str:
     """Where the launcher keeps running clusters (the same place as `gmountpy.state.state_dir`)."""
     base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
     return os.path.join(base, "gmountpy", "clusters")
+
+
+def state_cache(path: str) -> str:
+    """Where `load_state` keeps its copy of the state file `path` (removed with the cluster's state)."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(path))), "mounts-cache",
+                        os.path.splitext(os.path.basename(path))[0] + ".marshal")
 
 
 def load_state(path: str) -> dict[str, Any]:
@@ -48,8 +54,7 @@ def load_state(path: str) -> dict[str, Any]:
     with open(path, "rb") as f:
         info = os.fstat(f.fileno())
         key = (info.st_ino, info.st_size, info.st_mtime_ns)
-        cache = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(path))), "mounts-cache",
-                             os.path.splitext(os.path.basename(path))[0] + ".marshal")
+        cache = state_cache(path)
         try:
             with open(cache, "rb") as c:
                 cached_key, cached = marshal.load(c)

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from . import mounts
 from .config import ClusterSpec, load_spec
 from .errors import GmountError
 
@@ -148,9 +149,10 @@ def load_tls(name: str) -> tuple[str, dict[str, dict[str, str]]]:
 
 
 def remove(name: str) -> None:
-    for suffix in (".json", ".secret", ".tls.json"):
+    paths = [os.path.join(state_dir(), name + suffix) for suffix in (".json", ".secret", ".tls.json")]
+    for path in [*paths, mounts.state_cache(paths[0])]:
         try:
-            os.unlink(os.path.join(state_dir(), name + suffix))
+            os.unlink(path)
         except FileNotFoundError:
             pass
 

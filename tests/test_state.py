@@ -97,3 +97,14 @@ def test_cluster_open_goes_through_the_resolver(tmp_path: Path) -> None:
     assert Cluster.open(f"{state.nodes['b'].mountpoint}/x").home == "b"
     assert Cluster.open("gmount://api/x").home == "a"
     assert Cluster.open().name == "api"
+
+
+def test_remove_takes_the_mounts_copy_of_the_state_with_it(tmp_path: Path) -> None:
+    from gmountpy import mounts
+
+    record_running(tmp_path / "c", "gone")
+    path = str(Path(state_store.state_dir()) / "gone.json")
+    mounts.load_state(path)  # what gmount-sh does per recipe: leaves a private copy behind
+    assert Path(mounts.state_cache(path)).exists()
+    state_store.remove("gone")
+    assert not Path(path).exists() and not Path(mounts.state_cache(path)).exists()
