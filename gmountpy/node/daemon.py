@@ -148,7 +148,9 @@ class NodeDaemon:
             return FloodLocator(pool, tiers, ttl=tuning.attr_ttl, negative_ttl=tuning.negative_ttl), None
         nodes = tuple(self.spec.nodes)
         central = (tuning.central_node or nodes[0]) if tuning.lookup == "central" else None
-        homes = Homes(nodes, {n: s.site for n, s in self.spec.nodes.items()}, central)
+        sites = list(self.spec.sites)
+        homes = Homes(nodes, {n: s.site for n, s in self.spec.nodes.items()}, central,
+                      {(a, b): self.overlay.site_rtt(a, b) for a in sites for b in sites})
         index = DirectoryIndex(pool, self.overlay.lookup_order(self.me),
                                lease=IndexLocator.lease_for(tuning.negative_ttl), rescan=tuning.index_rescan,
                                revoke_timeout=min(1.0, tuning.rpc_timeout / 3), ask_timeout=tuning.rpc_timeout / 3,

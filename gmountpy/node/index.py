@@ -159,9 +159,12 @@ class Homes:
     - a directory made through the mount is homed at its creator's site: the
       rendezvous winner among that site's nodes (`of_creator`), so the files a
       site makes and looks up stay one intra-site round trip away;
-    - a directory found in the exports (no creator known) is homed at the site
-      of the rendezvous winner among the nodes holding it (`of_holders`): for a
-      directory only its creator holds, the same answer as `of_creator`.
+    - a directory found in the exports (no creator known) is homed at a site
+      that holds it (`of_holders`): for a directory only its creator holds, the
+      same answer as `of_creator`; held at several sites, the one with the
+      smallest total RTT to every node (`site_rtt`), so askers from anywhere
+      reach it soonest on average (ties, or no RTTs: the site of the
+      rendezvous winner among the holders).
 
     Only the root's home can be computed from a path alone; every other home
     is recorded in its parent's index and handed out with lookups (see
@@ -172,6 +175,7 @@ class Homes:
     nodes: tuple[str, ...]
     site_of: dict[str, str] = field(default_factory=dict)
     central: str | None = None
+    site_rtt: dict[tuple[str, str], float] = field(default_factory=dict)  # (site, site) -> ms, the overlay's
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -197,10 +201,17 @@ class Homes:
         return self.at_site(directory, self.site_of.get(creator))
 
     def of_holders(self, directory: str, holders: Sequence[str]) -> str:
-        """The home of a directory found on `holders`: at the site of their rendezvous winner."""
+        """The home of a directory found on `holders`: at the holding site nearest to every node."""
         known = [node for node in holders if node in self.nodes]
         if self.central is not None or not known:
             return self.home(directory)
+        sites = {self.site_of.get(node) for node in known}
+        if len(sites) > 1 and self.site_rtt:
+            def total(site: str | None) -> float:
+                return sum(self.site_rtt.get((str(site), str(self.site_of.get(node))), 0.0) for node in self.nodes)
+
+            best = min(total(site) for site in sites)
+            known = [node for node in known if total(self.site_of.get(node)) == best]
         first = max(known, key=lambda node: (_weight(node, directory), node))
         return self.at_site(directory, self.site_of.get(first))
 

@@ -154,6 +154,26 @@ def test_creator_and_holder_homes_stay_at_one_site() -> None:
     assert homes.of_holders("/x", []) == homes.home("/x")
 
 
+def test_a_directory_held_at_several_sites_is_homed_at_the_one_nearest_to_every_node() -> None:
+    """Three sites: a - b 5 ms, b - c 10 ms, a - c 30 ms. b is nearest to every node, so a directory
+    held at a and b is homed at b, whatever the hash says; held at a and c, at a (35 ms in total
+    against c's 40); at one site, there. Without RTTs the hash picks among the holders' sites."""
+    sites = {"a": ("a1", "a2"), "b": ("b1", "b2"), "c": ("c1", "c2")}
+    site_of = {node: site for site, members in sites.items() for node in members}
+    one_way = {("a", "b"): 5.0, ("b", "c"): 10.0, ("a", "c"): 30.0}
+    rtt = {(x, y): 0.1 if x == y else one_way.get((x, y), one_way.get((y, x), 0.0)) for x in sites for y in sites}
+    homes = Homes(tuple(site_of), site_of, None, rtt)
+    hashed = Homes(tuple(site_of), site_of)
+    seen = set()
+    for i in range(100):
+        directory = f"/found/{i}"
+        assert site_of[homes.of_holders(directory, ["a1", "b2"])] == "b"
+        assert site_of[homes.of_holders(directory, ["c2", "a1", "a2"])] == "a"
+        assert site_of[homes.of_holders(directory, ["c1"])] == "c"
+        seen.add(site_of[hashed.of_holders(directory, ["a1", "b2"])])
+    assert seen == {"a", "b"}
+
+
 def test_split_parent() -> None:
     assert split_parent("/a") == ("/", "a")
     assert split_parent("/a/b/c") == ("/a/b", "c")
