@@ -1301,7 +1301,7 @@ def test_mount_miss_remote_hit_and_create_cost_at_most_one_message(mounted: Loca
     assert (mounted.mount("n4") / directory.lstrip("/") / "new").read_bytes() == b"stays on n1"
 
 
-def test_mount_rename_costs_the_home_three_messages_and_no_wait(mounted: LocalCluster) -> None:
+def test_mount_rename_costs_four_messages_to_the_home(mounted: LocalCluster) -> None:
     """rename(2) of a file n1 holds, in a directory homed at n2: the kernel's lookup of the
     target (a miss, leased), the lookup of the source's holders, then drop + replace at the
     home. The target's holders come from the lease, not from a second lookup."""
