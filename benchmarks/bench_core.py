@@ -29,7 +29,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +184,21 @@ def cleanup(base: str, cluster_name: str | None, state: Any) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------
 # cluster
+
+
+@contextmanager
+def scratch_cluster(prefix: str) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """A fresh temp dir with the launcher state in it (never the user's own clusters) and a
+    holder the run fills with the cluster's name and state; on the way out (errors and Ctrl-C
+    included) `cleanup` downs that cluster and removes everything, logging what it could not."""
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    os.environ["XDG_STATE_HOME"] = str(base / "state")
+    holder: dict[str, Any] = {"name": None, "state": None}
+    try:
+        yield base, holder
+    finally:
+        for problem in cleanup(str(base), holder["name"], holder["state"]):
+            log(f"cleanup: {problem}")
 
 
 def write_cluster_file(base: Path, name: str) -> Path:

@@ -36,16 +36,15 @@ import shutil
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 try:
-    from benchmarks.bench_core import _raise_interrupt, cleanup, code_version, log
+    from benchmarks.bench_core import _raise_interrupt, code_version, log, scratch_cluster
 except ImportError:  # run as `python benchmarks/bench_lookup.py`: its sibling is importable by name
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_core import _raise_interrupt, cleanup, code_version, log  # type: ignore[no-redef,import-not-found]
+    from bench_core import _raise_interrupt, code_version, log, scratch_cluster  # type: ignore[no-redef,import-not-found]
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "lookup.json"
 SITES = {"tsukuba": ["n1", "n2"], "hongo": ["n3", "n4"]}
@@ -173,15 +172,9 @@ def main() -> int:
     load_start = os.getloadavg()
     try:
         for mode in modes:
-            base = Path(tempfile.mkdtemp(prefix=f"gmount-bench-lookup-{mode}-"))
-            os.environ["XDG_STATE_HOME"] = str(base / "state")
-            holder: dict[str, Any] = {"name": None, "state": None}
-            log(f"{mode}: 4 nodes, {args.files} operations per row, {args.repeats} repeats")
-            try:
+            with scratch_cluster(f"gmount-bench-lookup-{mode}-") as (base, holder):
+                log(f"{mode}: 4 nodes, {args.files} operations per row, {args.repeats} repeats")
                 results[mode] = run_mode(mode, args.files, args.repeats, base, holder)
-            finally:
-                for problem in cleanup(str(base), holder["name"], holder["state"]):
-                    log(f"cleanup: {problem}")
     except KeyboardInterrupt:
         log("interrupted: cleaned up")
         return 130

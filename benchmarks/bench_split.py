@@ -24,18 +24,17 @@ import platform
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 try:
-    from benchmarks.bench_core import _raise_interrupt, cleanup, code_version, log
+    from benchmarks.bench_core import _raise_interrupt, code_version, log, scratch_cluster
     from benchmarks.bench_lookup import write_cluster_file
 except ImportError:  # run as `python benchmarks/bench_split.py`: its siblings are importable by name
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_core import _raise_interrupt, cleanup, code_version, log  # type: ignore[no-redef,import-not-found]
+    from bench_core import _raise_interrupt, code_version, log, scratch_cluster  # type: ignore[no-redef,import-not-found]
     from bench_lookup import write_cluster_file  # type: ignore[no-redef,import-not-found]
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "split.json"
@@ -128,14 +127,8 @@ def main() -> int:
     load_start = os.getloadavg()
     try:
         for label, split in (("unsplit", 0), ("split", args.split)):
-            base = Path(tempfile.mkdtemp(prefix=f"gmount-bench-split-{label}-"))
-            os.environ["XDG_STATE_HOME"] = str(base / "state")
-            holder: dict[str, Any] = {"name": None, "state": None}
-            try:
+            with scratch_cluster(f"gmount-bench-split-{label}-") as (base, holder):
                 results[label] = run(split, args.files, base, holder)
-            finally:
-                for problem in cleanup(str(base), holder["name"], holder["state"]):
-                    log(f"cleanup: {problem}")
     except KeyboardInterrupt:
         log("interrupted: cleaned up")
         return 130
