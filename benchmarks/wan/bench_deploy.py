@@ -2,7 +2,7 @@
 
     python -m benchmarks.wan.bench_deploy [--quick] [--nodes 4,16,32] [--repeats 3] [--out PATH]
 
-Nodes are spread evenly over the 4 sites of bench_meta (RTTs 5-30 ms); every
+Nodes are spread evenly over the 4 sites of bench_meta (RTTs 5-25 ms); every
 daemon runs in its site's namespace; the launcher is the local one (no SSH),
 so this is the time to start the daemons, exchange the peer table and mount,
 and to stop and unmount. All daemons share this machine's CPUs.

@@ -89,6 +89,17 @@ log = logging.getLogger(__name__)
 CLAIM_GRACE = 10.0
 #: Entries in one listdir reply before a home pages through a snapshot (service.LISTDIR_MAX).
 _PAGE = 50_000
+#: Listing ahead (IndexFS-style directory leases for lookups): after LIST_AHEAD_AFTER names in a row
+#: found in one directory through its home, a node asks for the whole listing instead -- one round
+#: trip, the same as a name -- and answers later names in it from that listing while the home's
+#: lease lasts (any change there revokes it). Only for directories of at most LIST_AHEAD_MAX names,
+#: not split, and not while they change: a listing that went before its lease ran out keeps the
+#: directory to one name at a time for LIST_AHEAD_QUIET seconds. "Not found" is never answered from
+#: a listing (the kernel's negative entries are revoked per name, by the home's "created").
+LIST_AHEAD_AFTER = 2
+LIST_AHEAD_MAX = 4096
+LIST_AHEAD_QUIET = 5.0
+LIST_AHEAD_KEPT = 4096  # directories whose streaks and early drops are remembered
 
 
 class Peers(Protocol):
@@ -163,8 +174,9 @@ class Homes:
       that holds it (`of_holders`): for a directory only its creator holds, the
       same answer as `of_creator`; held at several sites, the one with the
       smallest total RTT to every node (`site_rtt`), so askers from anywhere
-      reach it soonest on average (ties, or no RTTs: the site of the
-      rendezvous winner among the holders).
+      reach it soonest on average; of sites with equal totals, the one whose
+      farthest node is nearest, so the slowest asker waits least (still tied,
+      or no RTTs: the site of the rendezvous winner among the holders).
 
     Only the root's home can be computed from a path alone; every other home
     is recorded in its parent's index and handed out with lookups (see
@@ -207,11 +219,12 @@ class Homes:
             return self.home(directory)
         sites = {self.site_of.get(node) for node in known}
         if len(sites) > 1 and self.site_rtt:
-            def total(site: str | None) -> float:
-                return sum(self.site_rtt.get((str(site), str(self.site_of.get(node))), 0.0) for node in self.nodes)
+            def cost(site: str | None) -> tuple[float, float]:
+                rtts = [self.site_rtt.get((str(site), str(self.site_of.get(node))), 0.0) for node in self.nodes]
+                return round(sum(rtts), 6), max(rtts)
 
-            best = min(total(site) for site in sites)
-            known = [node for node in known if total(self.site_of.get(node)) == best]
+            best = min(cost(site) for site in sites)
+            known = [node for node in known if cost(self.site_of.get(node)) == best]
         first = max(known, key=lambda node: (_weight(node, directory), node))
         return self.at_site(directory, self.site_of.get(first))
 
@@ -749,11 +762,13 @@ class DirectoryIndex:
         if leases:
             await self._tell(leases, "index_unlist", directory, but=but)
 
-    async def op_lookup(self, directory: str, name: str, asker: str | None = None) -> dict[str, Any]:
+    async def op_lookup(self, directory: str, name: str, asker: str | None = None,
+                        with_listing: bool = False) -> dict[str, Any]:
         """Every holder of `name` in `directory`. A definite "none" to `asker` is leased to it:
         the reply's `lease` is how long this home will revoke it (tell `asker` of a create).
         A subdirectory comes with its `home`, leased for `home_lease` seconds (revoked when the
-        subdirectory goes)."""
+        subdirectory goes). `with_listing`: the whole directory comes too, as `index_list` gives
+        it (not for a split directory, whose other partitions are elsewhere)."""
         self._lookups += 1
         backing = self._serving_as_backup(directory)
         holders, complete, pending = await self._resolved(directory, name)
@@ -769,8 +784,12 @@ class DirectoryIndex:
         if any(attr.is_dir for _, attr, _ in holders):
             home = self._child_home(directory, name, [str(node) for node, _, _ in holders])
             home_lease = self._lease_home(directory, name, asker) if home is not None else 0.0
+        current = self._dirs.get(directory)
+        parts = self._bitmap(directory)
+        listing = await self.op_list(directory, asker) if with_listing and not parts else None
         return {"holders": holders, "complete": complete, "pending": pending, "lease": lease,
-                "home": home, "home_lease": home_lease, "parts": self._bitmap(directory)}
+                "home": home, "home_lease": home_lease, "parts": parts,
+                "size": None if current is None else len(current.entries), "listing": listing}
 
     async def op_list(self, directory: str, asker: str | None = None) -> dict[str, Any]:
         """The whole directory in one reply: [name, [[node, attr, replica_of], ...], home] for each
@@ -1142,8 +1161,9 @@ class DirectoryIndex:
         return found
 
     async def op_set(self, directory: str, name: str, node: str, attr: Any, replica_of: str | None = None,
-                     is_dir: bool = False) -> None:
-        """`node` holds `name` with these attributes (None: ask it) -- after a write, a put, a staging."""
+                     is_dir: bool = False, asker: str | None = None) -> None:
+        """`node` holds `name` with these attributes (None: ask it) -- after a write, a put, a staging.
+        `asker` (default `node`), the node that made the change, keeps its listing: it dropped it."""
         backing = self._serving_as_backup(directory)
         if backing:  # a stand-in tells every node of a name new to it (a put), not of a close
             built = await self._directory(directory)
@@ -1153,10 +1173,12 @@ class DirectoryIndex:
                          None if replica_of is None else str(replica_of), trio.current_time())
         self._change(directory, (name, node, holder))
         await self._revoke(directory, name, holder.is_dir, but=node, everyone=backing)
-        await self._changed(directory, [name], but=node)
+        await self._changed(directory, [name], but=node if asker is None else str(asker))
 
-    async def op_drop(self, directory: str, name: str, nodes: list[str] | None = None) -> None:
-        """`name` is gone from `nodes` (None: from every node)."""
+    async def op_drop(self, directory: str, name: str, nodes: list[str] | None = None,
+                      asker: str | None = None) -> None:
+        """`name` is gone from `nodes` (None: from every node). `asker`, the node that removed it,
+        keeps its listing (it dropped it): a revocation there would cost the removal a round trip."""
         self._serving_as_backup(directory)
         if nodes is None:
             self._change(directory, (name, None, None))
@@ -1164,7 +1186,7 @@ class DirectoryIndex:
         else:
             for node in nodes:
                 self._change(directory, (name, str(node), None))
-        await self._changed(directory, [name], but=None)
+        await self._changed(directory, [name], but=None if asker is None else str(asker))
 
     async def op_replace(self, directory: str, name: str, nodes: list[str], is_dir: bool,
                          asker: str | None = None) -> None:
@@ -1183,7 +1205,7 @@ class DirectoryIndex:
             home = self._child_home(directory, name, [str(node) for node in nodes])
             await self._copy_records(directory, {name: home})
         await self._revoke(directory, name, bool(is_dir), but=asker, everyone=backing)
-        await self._changed(directory, [name], but=None)
+        await self._changed(directory, [name], but=asker)
 
     async def op_sync(self, directory: str, node: str, listing: list[Any], covered: list[int] | None = None) -> None:
         """`node`'s export changed outside the mount: these are all its entries in `directory` now.
@@ -1424,7 +1446,10 @@ class IndexLocator:
         self._positive: OrderedDict[str, tuple[Location, float]] = OrderedDict()
         self._negative: OrderedDict[str, float] = OrderedDict()  # path -> lease expiry (conservative)
         self._homes: OrderedDict[str, tuple[str, float]] = OrderedDict()  # directory -> (home, lease expiry)
-        self._listings: dict[str, tuple[list[tuple[str, list[Location]]], float]] = {}
+        # directory -> (its listing, the same by name, lease expiry): readdir's, or listed ahead
+        self._listings: dict[str, tuple[list[tuple[str, list[Location]]], dict[str, list[Location]], float]] = {}
+        self._streaks: OrderedDict[str, int] = OrderedDict()  # directory -> names found there in a row
+        self._unlisted: OrderedDict[str, float] = OrderedDict()  # directory -> when a listing went early
         self._revoked = 0  # counts revocations of homes and listings: an answer older than one is not kept
         self._inflight: dict[str, _Flight] = {}
         self._claimed: set[str] = set()        # claimed at their home, being created here
@@ -1432,7 +1457,8 @@ class IndexLocator:
         self._just_created: dict[str, Location] = {}
         self._owed: dict[str, set[str]] = {}   # home -> directories whose index missed a change
         self._hits = self._negative_hits = self._misses = self._remote = self._fallbacks = 0
-        self._takeovers = self._redirected = 0
+        self._takeovers = self._redirected = self._lists_ahead = 0
+        self._dropped = 0  # listings dropped here: one in flight meanwhile is not kept
         self._parts: dict[str, frozenset[int]] = {}  # split directory -> its partitions as far as known
 
     @staticmethod
@@ -1455,7 +1481,23 @@ class IndexLocator:
     async def op_unlist(self, directory: str) -> None:
         """The listing of `directory` handed out by its home changed."""
         self._revoked += 1
-        self._listings.pop(str(directory), None)
+        self._drop_listing(str(directory))
+
+    def _drop_listing(self, directory: str) -> None:
+        """Forget a listing (a change there, made here or told by its home). One dropped before its
+        lease ran out marks a directory that changes: not listed ahead for LIST_AHEAD_QUIET seconds.
+        A listing still in flight is not kept either (it may predate the change)."""
+        self._dropped += 1
+        cached = self._listings.pop(directory, None)
+        if cached is not None and cached[2] > trio.current_time():
+            self._quieten(directory)
+
+    def _quieten(self, directory: str) -> None:
+        """No listing ahead in `directory` for LIST_AHEAD_QUIET seconds."""
+        self._unlisted[directory] = trio.current_time()
+        self._unlisted.move_to_end(directory)
+        if len(self._unlisted) > LIST_AHEAD_KEPT:
+            self._unlisted.popitem(last=False)
 
     def _forget_homes(self, prefixes: list[str]) -> None:
         self._revoked += 1
@@ -1676,6 +1718,10 @@ class IndexLocator:
             if until is not None and until - now >= self.negative_ttl + 1.5:
                 self._negative_hits += 1
                 return None
+            listed = self._listed(path, now)
+            if listed is not None:
+                self._hits += 1
+                return listed
         while (flight := self._inflight.get(path)) is not None:
             await flight.done.wait()
             if flight.finished and not fresh:
@@ -1706,12 +1752,21 @@ class IndexLocator:
                     self._remember_negative(path, parent.until)
                 return None  # definite; kept only under the lease of the parent's "not found"
             home = parent.node
-            reply = await self._dir_call(directory, "index_lookup", directory, name, self._peers.me)
+            ahead = self._worth_listing(directory) and not flight.stale
+            dropped = self._dropped
+            reply = await self._dir_call(directory, "index_lookup", directory, name, self._peers.me, ahead)
         except PeerUnavailable as exc:
             return await self._fall_back(path, f"the home of {directory} and its backup are unreachable "
                                                f"({exc.reason})")
         self._note_home(path, reply, sent, revoked)
+        if reply.get("listing") is not None:
+            self._lists_ahead += 1
+            self._keep_listing(directory, reply["listing"], sent, revoked, dropped)
+            if directory not in self._listings:  # not leased (a backup answered, a change meanwhile, ...)
+                self._quieten(directory)
         found = self._nearest(reply["holders"])
+        self._streak(directory, found is not None and not reply.get("parts")
+                     and (reply.get("size") or LIST_AHEAD_MAX + 1) <= LIST_AHEAD_MAX)
         if found is not None:
             return found
         if reply["pending"]:
@@ -1725,6 +1780,34 @@ class IndexLocator:
         if lease <= 0:
             raise AbsentForNow(errno.ENOENT, f"no node holds {path} (home {home} or its backup, no lease)")
         return None
+
+    def _streak(self, directory: str, found: bool) -> None:
+        """Count names found in a row in `directory` (a miss, or a directory too big or split to
+        list, ends the streak)."""
+        if not found:
+            self._streaks.pop(directory, None)
+            return
+        self._streaks[directory] = self._streaks.get(directory, 0) + 1
+        self._streaks.move_to_end(directory)
+        if len(self._streaks) > LIST_AHEAD_KEPT:
+            self._streaks.popitem(last=False)
+
+    def _listed(self, path: str, now: float) -> Location | None:
+        """The nearest holder of `path` by a listing of its directory still under lease, if it lists
+        the name; None otherwise (not listed, or no listing: the home is asked)."""
+        directory, name = split_parent(path)
+        cached = self._listings.get(directory)
+        if cached is None or cached[2] <= now:
+            return None
+        locations = cached[1].get(name)
+        return locations[0] if locations else None
+
+    def _worth_listing(self, directory: str) -> bool:
+        """Ask for the whole listing with this lookup (see LIST_AHEAD_AFTER)?"""
+        if self._streaks.get(directory, 0) < LIST_AHEAD_AFTER:
+            return False
+        dropped = self._unlisted.get(directory)
+        return dropped is None or trio.current_time() - dropped >= LIST_AHEAD_QUIET
 
     async def _fall_back(self, path: str, why: str) -> Location | None:
         """GMount's search, past every cache; its "not found" is not leased, so not cacheable."""
@@ -1784,10 +1867,10 @@ class IndexLocator:
         change there revokes it). None when the home cannot answer exactly: ask every node."""
         now = trio.current_time()
         cached = self._listings.get(directory)
-        if cached is not None and cached[1] > now:
+        if cached is not None and cached[2] > now:
             self._hits += 1
             return cached[0]
-        revoked = self._revoked
+        revoked, dropped = self._revoked, self._dropped
         try:
             reply = await self._dir_call(directory, "index_list", directory, self._peers.me)
             if reply.get("parts"):
@@ -1805,6 +1888,15 @@ class IndexLocator:
             return None
         if not reply["exists"]:
             raise FileNotFoundError(errno.ENOENT, f"no node holds {directory}")
+        return self._keep_listing(directory, reply, now, revoked, dropped) or []
+
+    def _keep_listing(self, directory: str, reply: dict[str, Any], now: float, revoked: int,
+                      dropped: int) -> list[tuple[str, list[Location]]] | None:
+        """A home's listing as entries, kept under its lease unless a revocation or a change here
+        came since it was asked for (`now`, `revoked`, `dropped`: as they were then). None when
+        it is not complete (the home could not list every node)."""
+        if not reply["complete"]:
+            return None
         entries: list[tuple[str, list[Location]]] = []
         for name, holders, home in reply["entries"]:
             # as the search lists: what is reachable (a holder known to be down is left out), and
@@ -1819,8 +1911,8 @@ class IndexLocator:
                 self._note_home(_join(directory, str(name)), {"home": home, "home_lease": reply["home_lease"]},
                                 now, revoked)
         lease = float(reply["lease"])
-        if lease > 0 and revoked == self._revoked:
-            self._listings[directory] = (entries, now + lease)
+        if lease > 0 and revoked == self._revoked and dropped == self._dropped:
+            self._listings[directory] = (entries, dict(entries), now + lease)
         return entries
 
     async def _list_partitions(self, directory: str, first: dict[str, Any]) -> dict[str, Any]:
@@ -2000,9 +2092,10 @@ class IndexLocator:
 
     async def announce_changed(self, path: str, location: Location) -> None:
         directory, name = split_parent(path)
+        self._drop_listing(directory)  # not revoked by the home: this node is the asker
         try:
             await self._dir_call(directory, "index_set", directory, name, location.node, location.attr,
-                                 location.replica_of, location.attr.is_dir)
+                                 location.replica_of, location.attr.is_dir, self._peers.me)
         except OSError as exc:
             log.info("could not record the change of %s at the home of %s: %s", path, directory, exc)
             self._owe_home_of(directory)
@@ -2016,8 +2109,9 @@ class IndexLocator:
             if own_home is None and self.homes.central is not None:
                 own_home = self.homes.home(path)
             self._forget_homes([path])
+        self._drop_listing(directory)  # not revoked by the home: this node is the asker
         try:
-            await self._dir_call(directory, "index_drop", directory, name, nodes)
+            await self._dir_call(directory, "index_drop", directory, name, nodes, self._peers.me)
         except OSError as exc:
             log.info("could not record the removal of %s at the home of %s: %s", path, directory, exc)
             self._owe_home_of(directory)
@@ -2033,8 +2127,10 @@ class IndexLocator:
         directory's descendants change path, and so home: every node forgets their homes and indexes."""
         src_dir, src_name = split_parent(src)
         dst_dir, dst_name = split_parent(dst)
+        self._drop_listing(src_dir)  # not revoked by their homes: this node is the asker
+        self._drop_listing(dst_dir)
         try:
-            await self._dir_call(src_dir, "index_drop", src_dir, src_name, None)
+            await self._dir_call(src_dir, "index_drop", src_dir, src_name, None, self._peers.me)
         except OSError as exc:
             log.info("could not record the rename of %s: %s", src, exc)
             self._owe_home_of(src_dir)
@@ -2093,19 +2189,19 @@ class IndexLocator:
             self._just_created.pop(next(iter(self._just_created)))
         self.learn(path, location)
         self._positive.pop(split_parent(path)[0], None)
-        self._listings.pop(split_parent(path)[0], None)
+        self._drop_listing(split_parent(path)[0])
 
     def note_removed(self, path: str) -> None:
         self._positive.pop(path, None)
         self._positive.pop(split_parent(path)[0], None)
-        self._listings.pop(split_parent(path)[0], None)
+        self._drop_listing(split_parent(path)[0])
         self._mark_stale(path)
 
     def note_renamed(self, src: str, dst: str, is_dir: bool) -> None:
         self._forget_cached([src, dst], subtree=is_dir)
         for path in (src, dst):
             self._positive.pop(split_parent(path)[0], None)
-            self._listings.pop(split_parent(path)[0], None)
+            self._drop_listing(split_parent(path)[0])
         if is_dir:
             self._forget_homes([src, dst])
 
@@ -2117,20 +2213,20 @@ class IndexLocator:
                     for key in [k for k in cache if k.startswith(path + "/")]:
                         del cache[key]
         for path in paths:
-            self._listings.pop(split_parent(path)[0], None)
+            self._drop_listing(split_parent(path)[0])
             self._mark_stale(path)
 
     def invalidate(self, path: str) -> None:
         self._positive.pop(path, None)
         self._negative.pop(path, None)
-        self._listings.pop(split_parent(path)[0], None)
+        self._drop_listing(split_parent(path)[0])
         self._mark_stale(path)
         self._flood.invalidate(path)
 
     def forget_absent(self, path: str, is_dir: bool = False) -> None:
         """A home (or a node without one) says `path` exists now: drop "not found" for it and its parents."""
         self._positive.pop(path, None)
-        self._listings.pop(split_parent(path)[0], None)
+        self._drop_listing(split_parent(path)[0])
         if is_dir:
             for key in [k for k in self._negative if k.startswith(path + "/")]:
                 del self._negative[key]
@@ -2147,6 +2243,8 @@ class IndexLocator:
         self._negative.clear()
         self._homes.clear()
         self._listings.clear()
+        self._streaks.clear()
+        self._unlisted.clear()
         self._parts.clear()
         self._flood.forget_all()
 
@@ -2174,6 +2272,11 @@ class IndexLocator:
     def takeovers(self) -> int:
         """Requests sent to a backup because the home did not answer."""
         return self._takeovers
+
+    @property
+    def lists_ahead(self) -> int:
+        """Lookups answered by asking for their directory's whole listing (see LIST_AHEAD_AFTER)."""
+        return self._lists_ahead
 
     @property
     def redirects(self) -> int:

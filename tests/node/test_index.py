@@ -36,8 +36,10 @@ from gmountpy import Cluster as ApiCluster
 from gmountpy import launch, rpc
 from gmountpy.errors import PeerUnavailable
 from gmountpy.node.export import Export
+from gmountpy.node import index as index_module
 from gmountpy.node.index import (
     CLAIM_GRACE,
+    LIST_AHEAD_AFTER,
     DirectoryIndex,
     ExportWatcher,
     Homes,
@@ -172,6 +174,21 @@ def test_a_directory_held_at_several_sites_is_homed_at_the_one_nearest_to_every_
         assert site_of[homes.of_holders(directory, ["c1"])] == "c"
         seen.add(site_of[hashed.of_holders(directory, ["a1", "b2"])])
     assert seen == {"a", "b"}
+
+
+def test_sites_with_equal_total_rtt_are_told_apart_by_their_farthest_node() -> None:
+    """s1 and s2 are both 80 ms from every node in total (the WAN benchmark's four sites), but
+    s2's farthest node is 20 ms away and s1's 25: a directory held at s1, s2 and s4 is homed at
+    s2 whatever the hash says, so the slowest asker (at s4) waits 20 ms, not 25."""
+    sites = {f"s{i}": (f"s{i}a", f"s{i}b") for i in range(1, 5)}
+    site_of = {node: site for site, members in sites.items() for node in members}
+    links = {("s1", "s2"): 5.0, ("s1", "s3"): 10.0, ("s2", "s3"): 15.0, ("s2", "s4"): 20.0,
+             ("s3", "s4"): 25.0, ("s1", "s4"): 25.0}
+    rtt = {(x, y): 0.15 if x == y else links.get((x, y), links.get((y, x), 0.0)) for x in sites for y in sites}
+    homes = Homes(tuple(site_of), site_of, None, rtt)
+    for i in range(100):
+        assert site_of[homes.of_holders(f"/found/{i}", ["s1a", "s2b", "s4a"])] == "s2"
+        assert site_of[homes.of_holders(f"/found/{i}", ["s1a", "s1b", "s3a"])] == "s1"
 
 
 def test_split_parent() -> None:
@@ -518,6 +535,77 @@ async def test_readdir_is_one_message_to_the_home_then_none_under_the_lease(tmp_
         handle = await ns.create(f"{directory}/mine", os.O_WRONLY | os.O_EXCL, 0o644)
         await ns.release(handle)
         assert "mine" in [e.name for e in (await ns.merged_listing(directory)).entries]
+
+
+@trio_test
+async def test_names_found_in_a_row_bring_the_listing_and_later_names_cost_no_message(tmp_path: Path) -> None:
+    """IndexFS-style directory leases for lookups: after LIST_AHEAD_AFTER names found in a row,
+    the next lookup asks for the whole listing with the name (still one message); the names
+    after it are answered from that listing while its lease lasts. A change elsewhere revokes
+    it before the change returns; a miss is still one message (its "not found" is leased per
+    name, never from a listing); a change made here drops it, and the directory is then asked
+    one name at a time for LIST_AHEAD_QUIET seconds."""
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        directory = found_at(homes_of(cluster), "n2", ["n1", "n3"], "/ahead")
+        for i in range(12):
+            cluster["n3"].put(f"{directory}/f{i}", b"x" * i)
+        cluster["n1"].mkdir(directory)
+        ns = cluster["n1"].namespace
+        with pytest.raises(FileNotFoundError):
+            await ns.lookup(f"{directory}/warm-up")  # the home lists the directory once
+        cluster.reset_counts()
+        for i in range(LIST_AHEAD_AFTER):
+            assert (await ns.lookup(f"{directory}/f{i}")).node == "n3"
+        assert total(cluster) == LIST_AHEAD_AFTER and cluster["n2"].served["index_list"] == 0
+        cluster.reset_counts()
+        assert (await ns.lookup(f"{directory}/f{LIST_AHEAD_AFTER}")).attr.size == LIST_AHEAD_AFTER
+        assert total(cluster) == 1 and cluster["n2"].served["index_lookup"] == 1
+        assert cluster["n1"].locator.lists_ahead == 1  # type: ignore[attr-defined]
+        cluster.reset_counts()
+        for i in range(LIST_AHEAD_AFTER + 1, 8):
+            assert (await ns.lookup(f"{directory}/f{i}")).attr.size == i
+        assert total(cluster) == 0  # from the listing, under its lease
+        with pytest.raises(FileNotFoundError):
+            await ns.lookup(f"{directory}/nowhere")
+        assert total(cluster) == 1  # a miss asks the home: its "not found" is leased per name
+        # an unlink elsewhere revokes the listing before it returns: the name is gone here at once
+        cluster.reset_counts()
+        await cluster["n3"].namespace.unlink(f"{directory}/f5")
+        assert cluster["n1"].served["index_unlist"] == 1
+        with pytest.raises(FileNotFoundError):
+            await ns.lookup(f"{directory}/f5")
+        # a change made here: the home does not revoke this node (it dropped its copy itself)
+        assert (await ns.lookup(f"{directory}/f6")).node == "n3"  # lists ahead again
+        assert cluster["n1"].locator.lists_ahead == 2  # type: ignore[attr-defined]
+        cluster.reset_counts()
+        await ns.unlink(f"{directory}/f6")
+        assert cluster["n1"].served["index_unlist"] == 0 and cluster["n2"].served["index_drop"] == 1
+        with pytest.raises(FileNotFoundError):
+            await ns.lookup(f"{directory}/f6")
+        # ... and the directory, which changes, is asked one name at a time for a while
+        cluster.reset_counts()
+        for i in (8, 9, 10, 11):  # names not looked up yet (none in the short positive cache)
+            assert (await ns.lookup(f"{directory}/f{i}")).node == "n3"
+        assert total(cluster) == 4 and cluster["n1"].locator.lists_ahead == 2  # type: ignore[attr-defined]
+
+
+@trio_test
+async def test_a_big_directory_is_never_listed_ahead(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        directory = found_at(homes_of(cluster), "n2", ["n1", "n3"], "/big")
+        for i in range(6):
+            cluster["n3"].put(f"{directory}/f{i}", b"x")
+        cluster["n1"].mkdir(directory)
+        ns = cluster["n1"].namespace
+        with pytest.raises(FileNotFoundError):
+            await ns.lookup(f"{directory}/warm-up")
+        cluster.reset_counts()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(index_module, "LIST_AHEAD_MAX", 5)
+            for i in range(6):
+                assert (await ns.lookup(f"{directory}/f{i}")).node == "n3"
+        assert total(cluster) == 6 and cluster["n2"].served["index_list"] == 0
+        assert cluster["n1"].locator.lists_ahead == 0  # type: ignore[attr-defined]
 
 
 @trio_test
@@ -1299,6 +1387,27 @@ def test_mount_miss_remote_hit_and_create_cost_at_most_one_message(mounted: Loca
     assert sent_by(closed, created) == {"n1": {"index_set": 1}}  # the new size, to the home
     assert [n for n in NODES if (mounted.export(n) / directory.lstrip("/") / "new").exists()] == ["n1"]
     assert (mounted.mount("n4") / directory.lstrip("/") / "new").read_bytes() == b"stays on n1"
+
+
+def test_mount_stats_of_many_remote_files_in_one_directory_list_it_once(mounted: LocalCluster) -> None:
+    """stat(2) of 12 files n3 holds, through n1's mount: LIST_AHEAD_AFTER lookups one name at a
+    time, the next one brings the listing, the rest cost nothing. A file n4 makes in the
+    directory revokes n1's listing (the home tells n1 before n4's create returns)."""
+    homes = _sites(mounted)
+    directory = made_at(homes, "n2", "n1", f"/stats-{uuid.uuid4().hex[:6]}-")
+    rel = directory.lstrip("/")
+    top = mounted.mount("n1") / rel
+    top.mkdir()
+    for i in range(12):
+        _write(mounted, "n3", f"{rel}/f{i}", b"x" * i)
+    api = ApiCluster.open(mounted.spec.name)
+    before = _settled(api)
+    assert [(top / f"f{i}").stat().st_size for i in range(12)] == list(range(12))
+    listed = api.counters()
+    assert sent_by(listed, before) == {"n1": {"index_lookup": LIST_AHEAD_AFTER + 1}}
+    (mounted.mount("n4") / rel / "new").write_bytes(b"made on n4")
+    assert sent_by(api.counters(), listed)["n2"] == {"index_unlist": 1}
+    assert (top / "new").read_bytes() == b"made on n4"
 
 
 def test_mount_rename_costs_four_messages_to_the_home(mounted: LocalCluster) -> None:
