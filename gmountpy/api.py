@@ -202,6 +202,17 @@ class Cluster:
         """
         return self._files.counters()
 
+    def rescan(self, nodes: Iterable[str | Node] | None = None) -> dict[str, int]:
+        """Have `nodes` (default: all) look for files written straight into their exports now.
+
+        Under `lookup = "index"` a file put into an export outside the mount reaches its
+        directory's home at the node's next export scan (about a second); call this after
+        copying inputs in to make them visible everywhere at once. Returns, per node, how many
+        changed directories it sent to their homes (always 0 under `lookup = "flood"`, which
+        needs no telling).
+        """
+        return self._files.rescan(nodes)
+
     # -- where -------------------------------------------------------------------
 
     def where(self, paths: PathLike | Iterable[PathLike], from_node: str | Node | None = None) -> Locations:

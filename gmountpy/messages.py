@@ -308,6 +308,17 @@ class Counters(Request[dict[str, int]]):
 
 
 @dataclass(frozen=True)
+class Rescan(Request[int]):
+    """Look for changes made straight in the node's export now, not at its next scan (lookup =
+    "index": tell the homes); how many directories were sent (0 under flooding: nothing to tell)."""
+
+    op = "rescan"
+
+    def decode(self, value: Any) -> int:
+        return _int(value, self.op)
+
+
+@dataclass(frozen=True)
 class Lookup(Request[Attr | None]):
     """The attributes if the node holds `path`, None if not."""
 

@@ -139,6 +139,7 @@ async def _every_op(state: ClusterState, exports: dict[str, Path], ca: ClusterCA
         # who the node is
         assert (await n1.ask(msg.Ping()))["node"] == "n1"
         assert set(await n1.ask(msg.Counters())) >= {"read_local", "served_read"}
+        assert await n1.ask(msg.Rescan()) == 0  # flooding: nothing to tell any home
         assert (await n1.ask(msg.Stats()))["node"] == "n1"
 
         # metadata of n1's own export

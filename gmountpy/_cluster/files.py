@@ -47,6 +47,26 @@ class Files:
 
         return self._requests.run(main)
 
+    def rescan(self, nodes: Iterable[str | Node] | None = None) -> dict[str, int]:
+        names = list(self._view.state.spec.nodes) if nodes is None else [str(node) for node in nodes]
+        unknown = [name for name in names if name not in self._view.state.spec.nodes]
+        if unknown:
+            raise GmountError(f"no node {unknown[0]!r} in cluster {self._view.state.name!r} "
+                              f"(nodes: {', '.join(self._view.state.spec.nodes)})")
+
+        async def main(client: ClusterClient) -> dict[str, int]:
+            result: dict[str, int] = {}
+
+            async def one(node: str) -> None:
+                result[node] = await client.ask(node, msg.Rescan())
+
+            async with open_nursery() as nursery:
+                for node in names:
+                    nursery.start_soon(one, node)
+            return {node: result[node] for node in names}
+
+        return self._requests.run(main)
+
     def where(self, paths: PathLike | Iterable[PathLike], from_node: str | Node | None = None) -> Locations:
         given = as_list(paths)
         asks = [self._paths.resolve(p, from_node) for p in given]

@@ -30,7 +30,12 @@ negative answer, never a search of every node. A negative answer is a
 new name returns, tells those nodes (the `created` operation, which also
 drops the kernel's negative entries). So hand-off rule 1 holds with one round
 trip per create. Listings are leased the same way (about a second; any change
-in the directory revokes them with `index_unlist`).
+in the directory revokes them with `index_unlist`, except to the node that made
+the change, which drops its copy itself). A node that has found a few names in
+a row in one directory asks for the listing with the next lookup (same round
+trip) and answers later names in it from that listing while the lease lasts
+(`LIST_AHEAD_AFTER`): reading many files of one remote directory costs about
+one round trip per second, not one per file.
 
 The index is soft state. A home builds a directory's index on first demand by
 asking every node once for its listing of that directory (a directory just
@@ -1242,10 +1247,14 @@ class DirectoryIndex:
                 self._change(directory, (name, node, None))
                 changed.append(name)
         for name, holder in seen.items():
+            before = current.entries.get(name, {}).get(node)
+            if name not in new_names and not _same_but_atime(before, holder):
+                changed.append(name)
             self._change(directory, (name, node, holder))
         for name in new_names:
             await self._revoke(directory, name, seen[name].is_dir, but=None)
-        await self._changed(directory, changed, but=None)
+        if changed:  # a scan that found nothing new (the mount's own creates, told already) revokes nothing
+            await self._changed(directory, changed, but=None)
         for name in appeared:
             child, home = _join(directory, name), self._child_homes[directory][name]
             try:
@@ -1285,6 +1294,13 @@ class DirectoryIndex:
         if not leases:
             return
         await self._tell(leases, "created", _join(directory, name), is_dir, but=but)
+
+
+def _same_but_atime(before: _Holder | None, after: _Holder) -> bool:
+    """Would a listing show the same for this holder? (A read moves atime; that is no change.)"""
+    if before is None or before.attr is None or after.attr is None or before.replica_of != after.replica_of:
+        return before is not None and before.attr is None and after.attr is None
+    return before.attr._replace(atime_ns=0) == after.attr._replace(atime_ns=0)
 
 
 def _apply(entries: _Entries, change: _Change) -> None:
@@ -1328,10 +1344,11 @@ class ExportWatcher:
         self._max = max_directories
         self._seen: OrderedDict[str, int | None] = OrderedDict()  # directory -> mtime_ns at the last listing
         self._asked_by: dict[str, str] = {}  # directory -> the home that listed it last
+        self._scanning = trio.Lock()  # the daemon's scan every second, and `rescan` asked for
         self.syncs = 0
 
     def operations(self) -> dict[str, Callable[..., Awaitable[Any]]]:
-        return {"index_listdir": self.op_listdir}
+        return {"index_listdir": self.op_listdir, "rescan": self.scan}
 
     async def _mtime(self, directory: str) -> int | None:
         try:
@@ -1355,7 +1372,12 @@ class ExportWatcher:
         return listing
 
     async def scan(self) -> int:
-        """Send the listing of every watched directory whose mtime changed; returns how many were sent."""
+        """Send the listing of every watched directory whose mtime changed; returns how many were sent.
+        Also the `rescan` request: a user who copied files into the export need not wait a second."""
+        async with self._scanning:
+            return await self._scan()
+
+    async def _scan(self) -> int:
         sent = 0
         for directory, seen in list(self._seen.items()):
             mtime = await self._mtime(directory)
@@ -1971,7 +1993,8 @@ class IndexLocator:
         if local is not None:
             return local
         try:
-            for parent in await self._ancestors_missing_here(path):
+            missing = await self._ancestors_missing_here(path)
+            for parent in missing:
                 directory, name = split_parent(parent)
                 await self._dir_call(directory, "index_claim", directory, name, self._peers.me, True, False)
             directory, name = split_parent(path)
@@ -2000,9 +2023,20 @@ class IndexLocator:
         if is_dir and self.homes.central is None:
             self._note_home(path, {"home": self.homes.of_creator(path, self._peers.me),
                                    "home_lease": self.home_lease}, sent, revoked)
+        for parent in missing:
+            await self._watch_here(parent)
         self._claimed.add(path)
         self.forget_absent(path, is_dir)  # "not found" for it, and for names in it (kept for a missing parent)
         return None
+
+    async def _watch_here(self, directory: str) -> None:
+        """A create here is about to make `directory` in this export: have this node's
+        ExportWatcher send files copied into it later to its home (no home lists it here)."""
+        try:
+            home = await self._home_node(directory)
+            await self._peers.call(self._peers.me, "index_listdir", directory, home)
+        except OSError as exc:
+            log.info("%s will not be watched for files copied in: %s", directory, exc)
 
     async def _check_last_holder(self, path: str, home: str) -> Location | None:
         """A backup stood in for `home` and could not list it: if this node last saw `path` on a

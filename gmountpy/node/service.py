@@ -281,6 +281,10 @@ class NodeService:
         """This node's byte counters (see IOCounters)."""
         return self.counters.snapshot()
 
+    def op_rescan(self) -> int:
+        """Without a directory index nothing needs telling (the index's ExportWatcher serves it)."""
+        return 0
+
     def op_lookup(self, path: str) -> Attr | None:
         """Attributes if this node holds `path`, None if not (a negative is not an error)."""
         if self.replicas.is_staging_temporary(path):

@@ -14,10 +14,13 @@ Three layers of proof:
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import signal
 import stat
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -34,9 +37,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from gmountpy import Cluster as ApiCluster
 from gmountpy import launch, rpc
-from gmountpy.errors import PeerUnavailable
-from gmountpy.node.export import Export
+from gmountpy.errors import GmountError, PeerUnavailable
 from gmountpy.node import index as index_module
+from gmountpy.node.export import Export
 from gmountpy.node.index import (
     CLAIM_GRACE,
     LIST_AHEAD_AFTER,
@@ -796,6 +799,30 @@ async def test_directory_index_revokes_only_leases_still_running() -> None:
     assert index.statistics().revocations == 1
 
 
+@trio_test(autojump=True)
+async def test_directory_index_sync_revokes_listings_only_when_something_shows_changed() -> None:
+    """A node's export scan sends its whole listing of a directory whose mtime moved -- after the
+    mount's own creates too, which the home knows already. Such a sync revokes no listing; a new
+    name, a gone one, or new attributes (but not a new atime: a read) do."""
+    peer = OnePeer({"h": {"/d": []}, "x": {"/d": [["a", _attr(size=1)]]}})
+    index = DirectoryIndex(peer, ["h", "x", "y"], lease=10.0)
+
+    async def unlists_after(listing: list[Any]) -> int:
+        await index.op_list("/d", "y")  # y holds a listing lease
+        before = [c[1] for c in peer.calls].count("index_unlist")
+        await index.op_sync("/d", "x", listing)
+        return [c[1] for c in peer.calls].count("index_unlist") - before
+
+    read = _attr(size=1)
+    read[5] = 123  # atime only
+    assert await unlists_after([["a", _attr(size=1)]]) == 0
+    assert await unlists_after([["a", read]]) == 0
+    assert await unlists_after([["a", _attr(size=2)]]) == 1
+    assert await unlists_after([["a", _attr(size=2)], ["b", _attr()]]) == 1
+    assert await unlists_after([["b", _attr()]]) == 1
+    assert [e[0] for e in (await index.op_list("/d", None))["entries"]] == ["b"]
+
+
 @trio_test(mock_clock=True)
 async def test_directory_index_claim_revokes_leases_and_refuses_taken_names() -> None:
     peer = OnePeer({"h": {"/d": [["a", _attr()]]}})
@@ -1408,6 +1435,31 @@ def test_mount_stats_of_many_remote_files_in_one_directory_list_it_once(mounted:
     (mounted.mount("n4") / rel / "new").write_bytes(b"made on n4")
     assert sent_by(api.counters(), listed)["n2"] == {"index_unlist": 1}
     assert (top / "new").read_bytes() == b"made on n4"
+
+
+def test_mount_rescan_makes_a_file_copied_into_an_export_visible_everywhere_at_once(mounted: LocalCluster) -> None:
+    """Files copied straight into an export reach the home at the node's next scan (here every
+    2 s); `Cluster.rescan` / `gmount rescan` tells the homes now, so the next lookup anywhere
+    finds them."""
+    directory = made_at(_sites(mounted), "n2", "n1", f"/rescan-{uuid.uuid4().hex[:6]}-")
+    rel = directory.lstrip("/")
+    (mounted.mount("n1") / rel).mkdir()
+    _write(mounted, "n3", f"{rel}/through-the-mount", b"n3 holds the directory now")
+    api = ApiCluster.open(mounted.spec.name)
+    assert sorted(api.rescan()) == sorted(NODES)
+    assert not (mounted.mount("n1") / rel / "copied-0").exists()  # a leased "not found" at n1
+    for i in range(3):
+        (mounted.export("n3") / rel / f"copied-{i}").write_bytes(b"copied in")
+        if i < 2:
+            assert set(api.rescan(["n3"])) == {"n3"}
+        else:  # the same through the command line
+            done = subprocess.run([sys.executable, "-m", "gmountpy", "rescan", str(Path(mounted.base, "cluster.toml")),
+                                   "--node", "n3", "--json"], capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0 and set(json.loads(done.stdout)) == {"n3"}, done.stderr
+        assert (mounted.mount("n1") / rel / f"copied-{i}").read_bytes() == b"copied in"
+        assert (mounted.mount("n4") / rel / f"copied-{i}").read_bytes() == b"copied in"
+    with pytest.raises(GmountError, match="no node 'n9'"):
+        api.rescan(["n9"])
 
 
 def test_mount_rename_costs_four_messages_to_the_home(mounted: LocalCluster) -> None:
