@@ -167,6 +167,7 @@ class GmountOperations(pyfuse3.Operations):
         except AbsentForNow:
             raise  # some node could not be asked: the kernel must not keep this answer
         except FileNotFoundError:
+            self.inodes.detach(path)  # gone: an inode kept for the name is no live entry of it any more
             if (self.negative_ttl <= 0 or notices != self._created_notices
                     or not self._remember_negative(parent_inode, os.fsdecode(name))):
                 raise  # a plain ENOENT is not cached by the kernel
@@ -197,7 +198,10 @@ class GmountOperations(pyfuse3.Operations):
             parent, name = path.rsplit("/", 1)
             parent = parent or "/"
             parent_inode = self.inodes.inode(parent)
-            if parent_inode is not None and self._negatives.pop((parent_inode, name), 0.0) > now:
+            negative = self._negatives.pop((parent_inode, name), 0.0) if parent_inode is not None else 0.0
+            # a name with an inode here is a live entry (made here since, or found): invalidating it
+            # would unhash it -- a process working in that directory would lose its cwd (ENOENT)
+            if parent_inode is not None and negative > now and self.inodes.inode(path) is None:
                 pairs.append((parent_inode, name))
             path = parent
         if not pairs:

@@ -21,6 +21,8 @@ still show the old attributes (README, "Lookups that never flood"); reads are ex
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -205,3 +207,29 @@ def test_open_within_attr_ttl_is_exact_and_refreshes_stat(cluster: LocalCluster)
     assert read_all(through_a) == (data[:1234], 1234)  # close-to-open: exact at once
     after_open = through_a.stat()  # (milliseconds after the first stat: well within attr_ttl)
     assert (after_open.st_mode & 0o777, after_open.st_size) == (0o600, 1234)
+
+
+def test_a_directory_made_after_a_miss_stays_the_cwd_of_its_processes_when_peers_create_in_it(
+        cluster: LocalCluster) -> None:
+    """A looks a name up (its kernel caches "not found"), then makes the directory and a process
+    works in it -- as `make` in a new run directory. B creating files below it tells A "created"
+    for each path: that drops A's negative entries on the way up, but never A's live entry of
+    the directory itself, which would leave the process's cwd unreachable (getcwd: ENOENT)."""
+    name = f"cwd-{uuid.uuid4().hex[:8]}"
+    made = cluster.mount(A) / name
+    assert not made.exists()
+    made.mkdir()
+    worker = subprocess.Popen([sys.executable, "-c", "import os, sys; sys.stdin.readline(); print(os.getcwd())"],
+                              cwd=made, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        (cluster.mount(B) / name / "sub").mkdir()
+        (cluster.mount(B) / name / "sub" / "made-on-b").write_bytes(b"b")
+        (cluster.mount(B) / name / "made-on-b").write_bytes(b"b")
+        out, err = worker.communicate("go\n", timeout=60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    assert worker.returncode == 0 and out.strip() == str(made), err
+    assert sorted(os.listdir(made)) == ["made-on-b", "sub"]
