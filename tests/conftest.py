@@ -66,6 +66,14 @@ class LocalCluster:
         self.state = state
         self.base = base
 
+    def rescan(self, *nodes: str) -> None:
+        """Files were written straight into these nodes' exports (default: every node's): under
+        `lookup = "index"` tell the homes now, as a user would with `gmount rescan`, instead of
+        waiting for the nodes' next export scan. Under flooding there is nothing to tell."""
+        from gmountpy import Cluster
+
+        Cluster.open(self.spec.name).rescan(list(nodes) or None)
+
     @property
     def nodes(self) -> list[str]:
         return list(self.spec.nodes)

@@ -28,6 +28,7 @@ def put(cluster: LocalCluster, node: str, path: str, data: bytes | str) -> bytes
     target.parent.mkdir(parents=True, exist_ok=True)
     raw = data.encode() if isinstance(data, str) else data
     target.write_bytes(raw)
+    cluster.rescan(node)
     return raw
 
 

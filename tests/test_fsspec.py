@@ -26,6 +26,7 @@ def put(cluster: LocalCluster, node: str, path: str, data: bytes) -> bytes:
     target = cluster.export(node) / path.lstrip("/")
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(data)
+    cluster.rescan(node)
     return data
 
 

@@ -28,6 +28,7 @@ def put(cluster: LocalCluster, node: str, rel: str, data: bytes) -> Path:
     path = cluster.export(node) / rel
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
+    cluster.rescan(node)
     return path
 
 

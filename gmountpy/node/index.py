@@ -105,6 +105,8 @@ LIST_AHEAD_AFTER = 2
 LIST_AHEAD_MAX = 4096
 LIST_AHEAD_QUIET = 5.0
 LIST_AHEAD_KEPT = 4096  # directories whose streaks and early drops are remembered
+#: Listings a node keeps at most (readdir's and listed ahead); expired ones go first, then the oldest.
+LISTINGS_KEPT = 1024
 
 
 class Peers(Protocol):
@@ -1934,6 +1936,12 @@ class IndexLocator:
                                 now, revoked)
         lease = float(reply["lease"])
         if lease > 0 and revoked == self._revoked and dropped == self._dropped:
+            if len(self._listings) >= LISTINGS_KEPT and directory not in self._listings:
+                current = trio.current_time()
+                for expired in [d for d, kept in self._listings.items() if kept[2] <= current]:
+                    del self._listings[expired]
+                while len(self._listings) >= LISTINGS_KEPT:
+                    del self._listings[next(iter(self._listings))]
             self._listings[directory] = (entries, dict(entries), now + lease)
         return entries
 

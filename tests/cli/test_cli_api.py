@@ -16,6 +16,7 @@ def put(cluster: LocalCluster, node: str, path: str, data: bytes | str) -> None:
     target = cluster.export(node) / path.lstrip("/")
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(data.encode() if isinstance(data, str) else data)
+    cluster.rescan(node)
 
 
 def test_ls_shows_each_entry_holder(cluster4: LocalCluster) -> None:

@@ -593,6 +593,19 @@ async def test_names_found_in_a_row_bring_the_listing_and_later_names_cost_no_me
 
 
 @trio_test
+async def test_a_node_keeps_at_most_listings_kept_listings(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        for i in range(3):
+            cluster["n3"].put(f"/kept{i}/f", b"x")
+        locator = cluster["n1"].locator
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(index_module, "LISTINGS_KEPT", 2)
+            for i in range(3):
+                assert [e.name for e in (await cluster["n1"].namespace.merged_listing(f"/kept{i}")).entries] == ["f"]
+        assert sorted(locator._listings) == ["/kept1", "/kept2"]  # type: ignore[attr-defined]
+
+
+@trio_test
 async def test_a_big_directory_is_never_listed_ahead(tmp_path: Path) -> None:
     async with open_cluster(tmp_path, lookup="index") as cluster:
         directory = found_at(homes_of(cluster), "n2", ["n1", "n3"], "/big")

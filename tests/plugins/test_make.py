@@ -116,6 +116,7 @@ def put_inputs(cluster: LocalCluster, wf: str) -> dict[str, bytes]:
         (cluster.export(node) / wf / f"in{i}.txt").write_bytes(data)
     written["shared.cfg"] = b"threshold = 3\n"
     (cluster.export("n2") / wf / "shared.cfg").write_bytes(written["shared.cfg"])
+    cluster.rescan()
     return written
 
 

@@ -60,6 +60,7 @@ def put(cluster: LocalCluster, node: str, path: str, size: int) -> None:
     target = cluster.export(node) / path.lstrip("/")
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(os.urandom(size))
+    cluster.rescan(node)
 
 
 def montage(name: str = "montage") -> Workflow:
