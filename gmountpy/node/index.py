@@ -281,7 +281,11 @@ class _Holder:
     is_dir: bool
     attr: Attr | None              # None: claimed (being created) or renamed here; asked of the holder
     replica_of: str | None = None  # a staged replica of that node's file
-    since: float = 0.0             # when it was claimed
+    since: float | None = None     # when a claim or a close told the home (None: from a listing)
+
+    def recent(self, now: float) -> bool:
+        """Told by a claim or a close within CLAIM_GRACE: newer than a scan's listing may be."""
+        return self.since is not None and now - self.since < CLAIM_GRACE
 
 
 _Entries = dict[str, dict[str, _Holder]]          # name -> node -> holder
@@ -598,13 +602,13 @@ class DirectoryIndex:
                 continue
             current = self._dirs.get(directory)
             if value is None:
-                if trio.current_time() - holder.since < CLAIM_GRACE:
+                if holder.recent(trio.current_time()):
                     pending = True  # being created right now: neither "here" nor "not here" yet
                 elif current is not None and current.entries.get(name, {}).get(node) is holder:
                     _apply(current.entries, (name, node, None))  # a create that never happened
                 continue
             attr = Attr.from_wire(value)
-            holders[node] = resolved = _Holder(attr.is_dir, attr, holder.replica_of)
+            holders[node] = resolved = _Holder(attr.is_dir, attr, holder.replica_of, holder.since)
             if current is not None and current.entries.get(name, {}).get(node) is holder:
                 current.entries[name][node] = resolved
         current = self._dirs.get(directory)
@@ -1007,7 +1011,8 @@ class DirectoryIndex:
         home_leases = self._home_leases.get(directory, {})
         payload = {
             "home": parts.home, "bitmap": sorted(parts.bitmap), "partition": new,
-            "entries": [[name, node, holder.is_dir, holder.attr, holder.replica_of, now - holder.since]
+            "entries": [[name, node, holder.is_dir, holder.attr, holder.replica_of,
+                         None if holder.since is None else now - holder.since]
                         for name, holders in moved.items() for node, holder in holders.items()],
             "missing": list(built.missing), "exists": built.exists, "holders": sorted(built.holders),
             "negatives": {name: {node: until - now for node, until in askers.items() if until > now}
@@ -1053,7 +1058,7 @@ class DirectoryIndex:
                 value = None if attr is None else Attr.from_wire(attr)
                 changes.append((str(name), str(node), _Holder(bool(is_dir), value,
                                                               None if replica_of is None else str(replica_of),
-                                                              now - float(age))))
+                                                              None if age is None else now - float(age))))
             if directory in self._dirs or directory in self._building:
                 for change in changes:
                     self._change(directory, change)
@@ -1242,14 +1247,20 @@ class DirectoryIndex:
                     if holder.is_dir and node not in current.entries.get(name, {})
                     and name in self._child_homes.get(directory, {})]
         changed: list[str] = list(new_names)
+        # The listing was taken before it was sent: what a claim or a close told this home
+        # within CLAIM_GRACE may be newer than it, and is kept -- a name created meanwhile is not
+        # removed (it would vanish from listings until the next scan), nor its size made older.
         for name, holders in list(current.entries.items()):
             holder = holders.get(node)
-            being_created = holder is not None and holder.attr is None and now - holder.since < CLAIM_GRACE
-            if holder is not None and name not in seen and not being_created:
+            if holder is not None and name not in seen and not holder.recent(now):
                 self._change(directory, (name, node, None))
                 changed.append(name)
         for name, holder in seen.items():
             before = current.entries.get(name, {}).get(node)
+            if before is not None and before.recent(now):
+                if before.attr is not None:
+                    continue
+                holder = _Holder(holder.is_dir, holder.attr, holder.replica_of, before.since)
             if name not in new_names and not _same_but_atime(before, holder):
                 changed.append(name)
             self._change(directory, (name, node, holder))

@@ -836,6 +836,26 @@ async def test_directory_index_sync_revokes_listings_only_when_something_shows_c
     assert [e[0] for e in (await index.op_list("/d", None))["entries"]] == ["b"]
 
 
+@trio_test(autojump=True)
+async def test_directory_index_sync_older_than_a_create_does_not_remove_it() -> None:
+    """x's export scan lists the directory, x creates "new" through its mount (claim, close), then
+    the scan's sync arrives without "new": the home keeps it (a listing never beats what a claim
+    or a close told it within CLAIM_GRACE). A sync after that grace that still lacks a name --
+    deleted outside the mount -- removes it."""
+    peer = OnePeer({"h": {"/d": []}, "x": {"/d": [["old", _attr(size=1)]]}})
+    index = DirectoryIndex(peer, ["h", "x"], lease=10.0)
+    assert await index.op_claim("/d", "new", "x", False, True) is None
+    await index.op_set("/d", "new", "x", _attr(size=7))
+    await index.op_sync("/d", "x", [["old", _attr(size=1)]])  # listed before "new" was made
+    names = {e[0]: e[1][0][1][4] for e in (await index.op_list("/d", None))["entries"]}
+    assert names == {"old": 1, "new": 7}
+    await index.op_sync("/d", "x", [["old", _attr(size=1)], ["new", _attr(size=3)]])  # older size
+    assert {e[0]: e[1][0][1][4] for e in (await index.op_list("/d", None))["entries"]}["new"] == 7
+    await trio.sleep(CLAIM_GRACE)
+    await index.op_sync("/d", "x", [["old", _attr(size=1)]])  # "new" deleted outside the mount
+    assert [e[0] for e in (await index.op_list("/d", None))["entries"]] == ["old"]
+
+
 @trio_test(mock_clock=True)
 async def test_directory_index_claim_revokes_leases_and_refuses_taken_names() -> None:
     peer = OnePeer({"h": {"/d": [["a", _attr()]]}})
