@@ -159,6 +159,7 @@ def test_close_to_open_handoff_after_append_on_another_node(cluster: LocalCluste
 def test_close_to_open_handoff_when_the_file_moved_to_another_holder(cluster: LocalCluster) -> None:
     rel = unique("c2o-moved") + ".dat"
     (cluster.export("n4") / rel).write_bytes(b"start")
+    cluster.rescan("n4")
     wrong = []
     for i in range(20):
         assert read_through(cluster, "n1", rel)  # n1 caches the holder and the attributes
@@ -167,6 +168,7 @@ def test_close_to_open_handoff_when_the_file_moved_to_another_holder(cluster: Lo
         for node in cluster.nodes:  # moved behind n1's caches, straight in the exports
             (cluster.export(node) / rel).unlink(missing_ok=True)
         (cluster.export(holder) / rel).write_bytes(expected)
+        cluster.rescan()
         try:
             got = read_through(cluster, "n1", rel)
         except OSError as exc:
@@ -235,6 +237,7 @@ def test_handoff_create_excl_and_mkdir_of_a_remote_name_fail_eexist(cluster: Loc
         assert not (cluster.mount("n1") / top / name).exists()
     for name in names:  # then they appear on n3, behind n1's cache (straight into n3's export)
         (cluster.export("n3") / top / name).write_bytes(b"on n3")
+    cluster.rescan("n3")
     with pytest.raises(FileExistsError):
         os.open(cluster.mount("n1") / top / "f", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     with pytest.raises(FileExistsError):
@@ -301,6 +304,7 @@ def test_handoff_read_ahead_dropped_when_another_handle_writes(cluster: LocalClu
     rel = unique("ra-write") + ".bin"
     mib = 1 << 20
     (cluster.export("n3") / rel).write_bytes(b"o" * (8 * mib))
+    cluster.rescan("n3")
     reader = os.open(cluster.mount("n1") / rel, os.O_RDONLY)
     writer = os.open(cluster.mount("n1") / rel, os.O_WRONLY)
     try:
@@ -317,6 +321,7 @@ def test_handoff_reader_reads_to_the_new_end_after_growth(cluster: LocalCluster)
     rel = unique("ra-grow") + ".bin"
     mib = 1 << 20
     (cluster.export("n3") / rel).write_bytes(b"a" * (mib + mib // 2))
+    cluster.rescan("n3")
     reader = os.open(cluster.mount("n1") / rel, os.O_RDONLY)
     writer = os.open(cluster.mount("n1") / rel, os.O_WRONLY | os.O_APPEND)
     try:
@@ -334,9 +339,11 @@ def test_handoff_reader_reads_to_the_new_end_after_growth(cluster: LocalCluster)
 def test_handoff_open_of_a_stale_location_looks_up_again(cluster: LocalCluster) -> None:
     rel = unique("stale-loc") + ".txt"
     (cluster.export("n3") / rel).write_bytes(b"first home")
+    cluster.rescan("n3")
     assert read_through(cluster, "n1", rel) == b"first home"  # n1 caches: held by n3
     (cluster.export("n3") / rel).unlink()
     (cluster.export("n2") / rel).write_bytes(b"second home")
+    cluster.rescan("n2", "n3")
     assert read_through(cluster, "n1", rel) == b"second home"
 
 
@@ -348,6 +355,7 @@ def test_handoff_dead_or_hung_holder_is_eio_not_absence(tmp_path: Path) -> None:
     with local_cluster(tmp_path, f"hoerr-{os.getpid()}", FOUR_NODES, FOUR_NODE_LINKS, TUNING) as cluster:
         (cluster.export("n3") / "held.txt").write_text("held by n3")
         (cluster.export("n4") / "other.txt").write_text("held by n4")
+        cluster.rescan("n3", "n4")
         assert read_through(cluster, "n1", "held.txt") == b"held by n3"
         assert read_through(cluster, "n2", "other.txt") == b"held by n4"
         pid = cluster.state.nodes["n4"].pid

@@ -1,4 +1,5 @@
-"""Locality-aware lookup over four real nodes: nearest first, caches, singleflight, dead peers."""
+"""GMount's locality-aware search (`lookup = "flood"`, whatever GMOUNT_TEST_LOOKUP says) over four
+real nodes: nearest first, caches, singleflight, dead peers."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def remote_lookups(cluster: Cluster) -> dict[str, int]:
 
 @trio_test
 async def test_tiers_come_from_the_overlay(tmp_path: Path) -> None:
-    async with open_cluster(tmp_path) as cluster:
+    async with open_cluster(tmp_path, lookup="flood") as cluster:
         assert cluster["n1"].locator.tiers == [("n1",), ("n2",), ("n3", "n4")]
         assert cluster["n4"].locator.tiers == [("n4",), ("n3",), ("n1", "n2")]
         assert cluster["n3"].locator.order == ["n3", "n4", "n1", "n2"]
@@ -39,7 +40,7 @@ async def test_tiers_come_from_the_overlay(tmp_path: Path) -> None:
 
 @trio_test
 async def test_nearest_holder_wins(tmp_path: Path) -> None:
-    async with open_cluster(tmp_path) as cluster:
+    async with open_cluster(tmp_path, lookup="flood") as cluster:
         cluster["n2"].put("/near/f", b"on n2")
         cluster["n3"].put("/near/f", b"on n3, longer")
         assert (await cluster["n1"].locator.find("/near/f")).node == "n2"  # type: ignore[union-attr]
@@ -50,7 +51,7 @@ async def test_nearest_holder_wins(tmp_path: Path) -> None:
 
 @trio_test
 async def test_the_reply_carries_the_holders_attributes(tmp_path: Path) -> None:
-    async with open_cluster(tmp_path) as cluster:
+    async with open_cluster(tmp_path, lookup="flood") as cluster:
         path = cluster["n3"].put("/attrs/f", b"x" * 1234)
         location = await cluster["n1"].locator.find("/attrs/f")
         assert location is not None and location.node == "n3"
@@ -60,7 +61,7 @@ async def test_the_reply_carries_the_holders_attributes(tmp_path: Path) -> None:
 
 @trio_test
 async def test_own_export_first_without_asking_anyone(tmp_path: Path) -> None:
-    async with open_cluster(tmp_path) as cluster:
+    async with open_cluster(tmp_path, lookup="flood") as cluster:
         for name in cluster.nodes:
             cluster[name].put("/everywhere", name.encode())
         for name in cluster.nodes:
@@ -71,7 +72,7 @@ async def test_own_export_first_without_asking_anyone(tmp_path: Path) -> None:
 
 @trio_test
 async def test_search_stops_at_the_first_tier_with_a_holder(tmp_path: Path) -> None:
-    async with open_cluster(tmp_path) as cluster:
+    async with open_cluster(tmp_path, lookup="flood") as cluster:
         cluster["n2"].put("/tier/f")
         cluster["n3"].put("/tier/f")
         assert (await cluster["n1"].locator.find("/tier/f")).node == "n2"  # type: ignore[union-attr]
@@ -80,7 +81,7 @@ async def test_search_stops_at_the_first_tier_with_a_holder(tmp_path: Path) -> N
 
 @trio_test
 async def test_within_a_tier_the_overlay_order_breaks_ties(tmp_path: Path) -> None:
-    async with open_cluster(tmp_path) as cluster:
+    async with open_cluster(tmp_path, lookup="flood") as cluster:
         cluster["n3"].put("/tie/f")
         cluster["n4"].put("/tie/f")
         assert (await cluster["n1"].locator.find("/tie/f")).node == "n3"  # type: ignore[union-attr]
@@ -90,7 +91,7 @@ async def test_within_a_tier_the_overlay_order_breaks_ties(tmp_path: Path) -> No
 
 @trio_test
 async def test_find_all_lists_every_holder_nearest_first(tmp_path: Path) -> None:
-    async with open_cluster(tmp_path) as cluster:
+    async with open_cluster(tmp_path, lookup="flood") as cluster:
         for name, size in (("n4", 4), ("n1", 1), ("n3", 3)):
             cluster[name].put("/all/f", b"x" * size)
         found = await cluster["n2"].locator.find_all("/all/f")
@@ -106,7 +107,7 @@ async def test_find_all_lists_every_holder_nearest_first(tmp_path: Path) -> None
 
 @trio_test
 async def test_directories_are_found_like_files(tmp_path: Path) -> None:
-    async with open_cluster(tmp_path) as cluster:
+    async with open_cluster(tmp_path, lookup="flood") as cluster:
         cluster["n4"].mkdir("/only/on/n4")
         location = await cluster["n1"].locator.find("/only/on")
         assert location is not None and location.node == "n4" and location.attr.is_dir
@@ -120,7 +121,7 @@ async def test_directories_are_found_like_files(tmp_path: Path) -> None:
 
 @trio_test(frozen_clock=True)
 async def test_negative_cache_until_its_ttl_expires(tmp_path: Path) -> None:
-    async with open_cluster(tmp_path, ttl=1.0, negative_ttl=1.0) as cluster:
+    async with open_cluster(tmp_path, lookup="flood", ttl=1.0, negative_ttl=1.0) as cluster:
         locator = cluster["n1"].locator
         assert await locator.find("/later") is None
         cached_at = trio.current_time()
@@ -139,7 +140,7 @@ async def test_negative_cache_until_its_ttl_expires(tmp_path: Path) -> None:
 
 @trio_test(frozen_clock=True)
 async def test_positive_cache_until_its_ttl_expires(tmp_path: Path) -> None:
-    async with open_cluster(tmp_path, ttl=1.0, negative_ttl=1.0) as cluster:
+    async with open_cluster(tmp_path, lookup="flood", ttl=1.0, negative_ttl=1.0) as cluster:
         locator = cluster["n1"].locator
         cluster["n2"].put("/moving", b"a")
         assert (await locator.find("/moving")).node == "n2"  # type: ignore[union-attr]
@@ -157,7 +158,7 @@ async def test_positive_cache_until_its_ttl_expires(tmp_path: Path) -> None:
 
 @trio_test
 async def test_zero_ttls_disable_caching(tmp_path: Path) -> None:
-    async with open_cluster(tmp_path, ttl=0, negative_ttl=0) as cluster:
+    async with open_cluster(tmp_path, lookup="flood", ttl=0, negative_ttl=0) as cluster:
         locator = cluster["n1"].locator
         assert await locator.find("/z") is None
         cluster["n2"].put("/z")
@@ -169,7 +170,7 @@ async def test_zero_ttls_disable_caching(tmp_path: Path) -> None:
 
 @trio_test
 async def test_caches_are_bounded(tmp_path: Path) -> None:
-    async with open_cluster(tmp_path) as cluster:
+    async with open_cluster(tmp_path, lookup="flood") as cluster:
         locator = FloodLocator(cluster["n1"].pool, cluster["n1"].locator.tiers, max_entries=3)
         for i in range(6):
             cluster["n1"].put(f"/many/{i}")
@@ -184,7 +185,7 @@ async def test_caches_are_bounded(tmp_path: Path) -> None:
 
 @trio_test
 async def test_concurrent_finds_of_a_missing_path_ask_each_node_once(tmp_path: Path) -> None:
-    async with open_cluster(tmp_path) as cluster:
+    async with open_cluster(tmp_path, lookup="flood") as cluster:
         locator = cluster["n1"].locator
         results: list[Location | None] = []
 
@@ -202,7 +203,7 @@ async def test_concurrent_finds_of_a_missing_path_ask_each_node_once(tmp_path: P
 
 @trio_test
 async def test_concurrent_finds_of_a_far_file_share_one_search(tmp_path: Path) -> None:
-    async with open_cluster(tmp_path) as cluster:
+    async with open_cluster(tmp_path, lookup="flood") as cluster:
         cluster["n4"].put("/far")
         cluster["n3"].delay["locate"] = 0.1  # keep the search in flight while the others arrive
         locator = cluster["n1"].locator
@@ -222,7 +223,7 @@ async def test_concurrent_finds_of_a_far_file_share_one_search(tmp_path: Path) -
 async def test_a_cancelled_search_does_not_answer_its_followers_with_not_found(tmp_path: Path) -> None:
     """The task that leads a shared search may be cancelled (an interrupted `ls`);
     the tasks waiting on it must not conclude that the file does not exist."""
-    async with open_cluster(tmp_path) as cluster:
+    async with open_cluster(tmp_path, lookup="flood") as cluster:
         cluster["n3"].put("/shared", b"here")
         cluster["n3"].delay["locate"] = 0.2
         locator = cluster["n1"].locator
@@ -252,7 +253,7 @@ async def test_a_cancelled_search_does_not_answer_its_followers_with_not_found(t
 
 @trio_test
 async def test_a_stopped_peer_is_skipped_quickly(tmp_path: Path) -> None:
-    async with open_cluster(tmp_path, retry_after=30) as cluster:
+    async with open_cluster(tmp_path, lookup="flood", retry_after=30) as cluster:
         cluster["n2"].put("/both")
         cluster["n3"].put("/both")
         locator = cluster["n1"].locator
@@ -271,7 +272,7 @@ async def test_a_stopped_peer_is_skipped_quickly(tmp_path: Path) -> None:
 
 @trio_test
 async def test_a_peer_that_does_not_answer_costs_one_timeout(tmp_path: Path) -> None:
-    async with open_cluster(tmp_path, rpc_timeout=0.3, retry_after=30) as cluster:
+    async with open_cluster(tmp_path, lookup="flood", rpc_timeout=0.3, retry_after=30) as cluster:
         cluster["n3"].put("/slow")
         cluster["n4"].put("/slow")
         cluster["n3"].delay["locate"] = 10
@@ -296,7 +297,7 @@ def attr_of(size: int) -> Attr:
 
 @trio_test
 async def test_note_created_is_served_from_the_cache(tmp_path: Path) -> None:
-    async with open_cluster(tmp_path) as cluster:
+    async with open_cluster(tmp_path, lookup="flood") as cluster:
         locator = cluster["n1"].locator
         assert await locator.find("/new") is None
         cluster.reset_counts()
@@ -307,7 +308,7 @@ async def test_note_created_is_served_from_the_cache(tmp_path: Path) -> None:
 
 @trio_test
 async def test_note_removed_caches_a_negative(tmp_path: Path) -> None:
-    async with open_cluster(tmp_path) as cluster:
+    async with open_cluster(tmp_path, lookup="flood") as cluster:
         locator = cluster["n1"].locator
         cluster["n2"].put("/gone")
         assert await locator.find("/gone") is not None
@@ -319,7 +320,7 @@ async def test_note_removed_caches_a_negative(tmp_path: Path) -> None:
 
 @trio_test
 async def test_note_renamed_forgets_both_names_and_for_a_directory_what_is_below(tmp_path: Path) -> None:
-    async with open_cluster(tmp_path) as cluster:
+    async with open_cluster(tmp_path, lookup="flood") as cluster:
         locator = cluster["n1"].locator
         for path in ("/a", "/a/x", "/a/x/y", "/ab", "/b/old"):
             locator.learn(path, Location("n2", attr_of(1)))
@@ -338,7 +339,7 @@ async def test_note_renamed_forgets_both_names_and_for_a_directory_what_is_below
 
 @trio_test
 async def test_after_note_renamed_the_next_find_asks_again(tmp_path: Path) -> None:
-    async with open_cluster(tmp_path) as cluster:
+    async with open_cluster(tmp_path, lookup="flood") as cluster:
         locator = cluster["n1"].locator
         cluster["n3"].put("/src")
         assert (await locator.find("/src")).node == "n3"  # type: ignore[union-attr]
@@ -351,7 +352,7 @@ async def test_after_note_renamed_the_next_find_asks_again(tmp_path: Path) -> No
 
 @trio_test
 async def test_learn_overrides_a_negative_and_invalidate_forgets(tmp_path: Path) -> None:
-    async with open_cluster(tmp_path) as cluster:
+    async with open_cluster(tmp_path, lookup="flood") as cluster:
         locator = cluster["n1"].locator
         assert await locator.find("/l") is None
         locator.learn("/l", Location("n4", attr_of(9)))

@@ -31,6 +31,7 @@ def test_stage_copies_verifies_and_is_idempotent(cluster4: LocalCluster) -> None
 
 def test_replica_wins_on_its_node_only(cluster4: LocalCluster) -> None:
     (cluster4.export("n4") / "stage-b.txt").write_text("original on n4")
+    cluster4.rescan("n4")
     stage(cluster4, "n1", "/stage-b.txt")
     on_n1 = cluster4.mount("n1") / "stage-b.txt"
     assert wait_for(lambda: os.getxattr(on_n1, "user.gmount.node") == b"n1")
@@ -43,6 +44,7 @@ def test_replica_wins_on_its_node_only(cluster4: LocalCluster) -> None:
 
 def test_replica_never_serves_stale_data(cluster4: LocalCluster) -> None:
     (cluster4.export("n3") / "stage-c.txt").write_text("version 1")
+    cluster4.rescan("n3")
     stage(cluster4, "n2", "/stage-c.txt")
     on_n2 = cluster4.mount("n2") / "stage-c.txt"
     assert on_n2.read_text() == "version 1"
@@ -55,6 +57,7 @@ def test_replica_never_serves_stale_data(cluster4: LocalCluster) -> None:
 
 def test_writes_through_the_replica_node_go_to_the_source(cluster4: LocalCluster) -> None:
     (cluster4.export("n3") / "stage-d.txt").write_text("base\n")
+    cluster4.rescan("n3")
     stage(cluster4, "n1", "/stage-d.txt")
     with open(cluster4.mount("n1") / "stage-d.txt", "a") as f:
         f.write("appended on n1\n")
