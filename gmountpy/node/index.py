@@ -1493,7 +1493,8 @@ class IndexLocator:
         self._owed: dict[str, set[str]] = {}   # home -> directories whose index missed a change
         self._hits = self._negative_hits = self._misses = self._remote = self._fallbacks = 0
         self._takeovers = self._redirected = self._lists_ahead = 0
-        self._dropped = 0  # listings dropped here: one in flight meanwhile is not kept
+        # directory -> a listing of it is being asked for; True once a change here made it stale
+        self._listing_stale: dict[str, bool] = {}
         self._parts: dict[str, frozenset[int]] = {}  # split directory -> its partitions as far as known
 
     @staticmethod
@@ -1522,7 +1523,8 @@ class IndexLocator:
         """Forget a listing (a change there, made here or told by its home). One dropped before its
         lease ran out marks a directory that changes: not listed ahead for LIST_AHEAD_QUIET seconds.
         A listing still in flight is not kept either (it may predate the change)."""
-        self._dropped += 1
+        if directory in self._listing_stale:
+            self._listing_stale[directory] = True
         cached = self._listings.pop(directory, None)
         if cached is not None and cached[2] > trio.current_time():
             self._quieten(directory)
@@ -1787,18 +1789,12 @@ class IndexLocator:
                     self._remember_negative(path, parent.until)
                 return None  # definite; kept only under the lease of the parent's "not found"
             home = parent.node
-            ahead = self._worth_listing(directory) and not flight.stale
-            dropped = self._dropped
-            reply = await self._dir_call(directory, "index_lookup", directory, name, self._peers.me, ahead)
+            reply = await self._lookup_at_home(directory, name, sent, revoked,
+                                               ahead=self._worth_listing(directory) and not flight.stale)
         except PeerUnavailable as exc:
             return await self._fall_back(path, f"the home of {directory} and its backup are unreachable "
                                                f"({exc.reason})")
         self._note_home(path, reply, sent, revoked)
-        if reply.get("listing") is not None:
-            self._lists_ahead += 1
-            self._keep_listing(directory, reply["listing"], sent, revoked, dropped)
-            if directory not in self._listings:  # not leased (a backup answered, a change meanwhile, ...)
-                self._quieten(directory)
         found = self._nearest(reply["holders"])
         self._streak(directory, found is not None and not reply.get("parts")
                      and (reply.get("size") or LIST_AHEAD_MAX + 1) <= LIST_AHEAD_MAX)
@@ -1815,6 +1811,27 @@ class IndexLocator:
         if lease <= 0:
             raise AbsentForNow(errno.ENOENT, f"no node holds {path} (home {home} or its backup, no lease)")
         return None
+
+    async def _lookup_at_home(self, directory: str, name: str, sent: float, revoked: int, *,
+                              ahead: bool) -> dict[str, Any]:
+        """`index_lookup` at the directory's home; `ahead`: with the whole listing, kept under its
+        lease unless a change here or a revocation came meanwhile (`sent`, `revoked`: as then)."""
+        if not ahead:
+            result: dict[str, Any] = await self._dir_call(directory, "index_lookup", directory, name,
+                                                          self._peers.me, False)
+            return result
+        self._listing_stale.setdefault(directory, False)
+        try:
+            reply: dict[str, Any] = await self._dir_call(directory, "index_lookup", directory, name,
+                                                         self._peers.me, True)
+            if reply.get("listing") is not None:
+                self._lists_ahead += 1
+                self._keep_listing(directory, reply["listing"], sent, revoked)
+        finally:
+            self._listing_stale.pop(directory, None)
+        if directory not in self._listings:  # not leased (a backup answered, a change meanwhile, ...)
+            self._quieten(directory)
+        return reply
 
     def _streak(self, directory: str, found: bool) -> None:
         """Count names found in a row in `directory` (a miss, or a directory too big or split to
@@ -1834,8 +1851,8 @@ class IndexLocator:
         cached = self._listings.get(directory)
         if cached is None or cached[2] <= now:
             return None
-        locations = cached[1].get(name)
-        return locations[0] if locations else None
+        own = [loc for loc in cached[1].get(name, ()) if loc.replica_of is None]  # a replica: `_local` said
+        return own[0] if own else None
 
     def _worth_listing(self, directory: str) -> bool:
         """Ask for the whole listing with this lookup (see LIST_AHEAD_AFTER)?"""
@@ -1905,7 +1922,15 @@ class IndexLocator:
         if cached is not None and cached[2] > now:
             self._hits += 1
             return cached[0]
-        revoked, dropped = self._revoked, self._dropped
+        revoked = self._revoked
+        self._listing_stale.setdefault(directory, False)
+        try:
+            return await self._ask_listing(directory, now, revoked)
+        finally:
+            self._listing_stale.pop(directory, None)
+
+    async def _ask_listing(self, directory: str, now: float, revoked: int) -> list[tuple[str, list[Location]]] | None:
+        """`listing` past the cache: one `index_list` (one per partition of a split directory)."""
         try:
             reply = await self._dir_call(directory, "index_list", directory, self._peers.me)
             if reply.get("parts"):
@@ -1923,12 +1948,12 @@ class IndexLocator:
             return None
         if not reply["exists"]:
             raise FileNotFoundError(errno.ENOENT, f"no node holds {directory}")
-        return self._keep_listing(directory, reply, now, revoked, dropped) or []
+        return self._keep_listing(directory, reply, now, revoked) or []
 
-    def _keep_listing(self, directory: str, reply: dict[str, Any], now: float, revoked: int,
-                      dropped: int) -> list[tuple[str, list[Location]]] | None:
+    def _keep_listing(self, directory: str, reply: dict[str, Any], now: float,
+                      revoked: int) -> list[tuple[str, list[Location]]] | None:
         """A home's listing as entries, kept under its lease unless a revocation or a change here
-        came since it was asked for (`now`, `revoked`, `dropped`: as they were then). None when
+        came since it was asked for (`now`, `revoked`: as they were then; `_listing_stale`). None when
         it is not complete (the home could not list every node)."""
         if not reply["complete"]:
             return None
@@ -1946,7 +1971,8 @@ class IndexLocator:
                 self._note_home(_join(directory, str(name)), {"home": home, "home_lease": reply["home_lease"]},
                                 now, revoked)
         lease = float(reply["lease"])
-        if lease > 0 and revoked == self._revoked and dropped == self._dropped:
+        stale = self._listing_stale.pop(directory, True)  # a second listing in flight: not kept either
+        if lease > 0 and revoked == self._revoked and not stale:
             if len(self._listings) >= LISTINGS_KEPT and directory not in self._listings:
                 current = trio.current_time()
                 for expired in [d for d, kept in self._listings.items() if kept[2] <= current]:
