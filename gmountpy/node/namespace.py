@@ -633,6 +633,7 @@ class Namespace:
         self.locator.note_created(dst, Location(self.me, attr))
         self.locator.learn(src, Location(self.me, attr))  # same inode: nlink changed for both names
         await self._announce_created(dst)
+        await self.locator.announce_changed(src, Location(self.me, attr))  # its home keeps attributes
         return attr
 
     async def chown(self, path: str, uid: int, gid: int) -> Attr:

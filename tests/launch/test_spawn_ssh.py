@@ -44,8 +44,10 @@ def test_spawn_over_ssh_runs_there_and_stop_leaves_nothing(sshd: Sshd, tmp_path:
         def sleeping() -> list[int]:
             return [p for p in marked_pids(sshd.marker) if token.encode() in cmdline(p)]
 
-        assert wait_for(lambda: len(sleeping()) == 2, timeout=30)
-        job.stop(grace=3)
+        try:
+            assert wait_for(lambda: len(sleeping()) == 2, timeout=30), "the job's two sleeps never started on n1"
+        finally:
+            job.stop(grace=3)  # also when they did not: what is left would fail the next tests' checks
         # nothing the job started is left on the node: only the daemons remain of what sshd started
         assert wait_for(lambda: set(marked_pids(sshd.marker)) <= daemons, timeout=20), \
             [cmdline(p) for p in set(marked_pids(sshd.marker)) - daemons]
