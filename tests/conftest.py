@@ -70,6 +70,8 @@ class LocalCluster:
         """Files were written straight into these nodes' exports (default: every node's): under
         `lookup = "index"` tell the homes now, as a user would with `gmount rescan`, instead of
         waiting for the nodes' next export scan. Under flooding there is nothing to tell."""
+        if self.spec.tuning.lookup == "flood":
+            return  # one request per node that answers 0: not worth a failure point in every test
         from gmountpy import Cluster
 
         Cluster.open(self.spec.name).rescan(list(nodes) or None)

@@ -185,6 +185,7 @@ def test_large_remote_file_reads_back_from_every_mount(cluster4: LocalCluster) -
             chunk = block[:-8] + i.to_bytes(8, "little")  # distinct blocks catch misplaced offsets
             f.write(chunk)
             digest.update(chunk)
+    cluster4.rescan("n3")
     expected = digest.hexdigest()
 
     def sha(p: Path) -> str:

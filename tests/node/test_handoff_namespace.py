@@ -77,7 +77,9 @@ async def test_handoff_create_opens_a_remote_file_instead_of_a_twin(tmp_path: Pa
 
 @trio_test
 async def test_handoff_holder_answering_eacces_is_not_absence(tmp_path: Path) -> None:
-    async with open_cluster(tmp_path) as cluster:
+    # GMount's search asks holders at lookup (`locate`); the index does not: there the holder's
+    # error comes at open (test_index: test_holder_answering_eacces_is_that_error_at_open...)
+    async with open_cluster(tmp_path, lookup="flood") as cluster:
         cluster["n3"].put("/guarded", b"x")
         cluster["n3"].fail["locate"] = errno.EACCES
         with pytest.raises(PermissionError):
@@ -92,7 +94,8 @@ async def test_handoff_holder_answering_eacces_is_not_absence(tmp_path: Path) ->
 
 @trio_test(mock_clock=True)  # at real speed: the timeout is a real request's
 async def test_handoff_holder_timing_out_is_eio_and_not_cached(tmp_path: Path) -> None:
-    async with open_cluster(tmp_path, rpc_timeout=0.3, retry_after=0.3) as cluster:
+    # the search's `locate` times out (flood); under the index see test_holder_down_is_eio_at_open...
+    async with open_cluster(tmp_path, lookup="flood", rpc_timeout=0.3, retry_after=0.3) as cluster:
         cluster["n4"].put("/slow", b"x")
         cluster["n4"].delay["locate"] = 5
         with pytest.raises(PeerUnavailable) as info:

@@ -387,6 +387,7 @@ def test_mounts_holdings_of_many_prerequisites(cluster: LocalCluster) -> None:
     for node, size in (("n2", 7), ("n4", 9)):
         (cluster.export(node) / wf / "sub").mkdir(parents=True, exist_ok=True)
         (cluster.export(node) / wf / "sub" / f"{node}.dat").write_bytes(b"y" * size)
+    cluster.rescan()
     found = mounts.find(str(cluster.mount("n1") / wf))
     assert found is not None
     mounted = found[0]
@@ -466,6 +467,7 @@ def test_make_example_workflow_runs_where_the_tiles_are(cluster: LocalCluster) -
         (d / f"{tile}.txt").write_text(f"{tile} of the survey, on {node}\n")
     (cluster.export("n1") / "make-example").mkdir()
     shutil.copy(REPO / "examples" / "make" / "Makefile", cluster.export("n1") / "make-example" / "Makefile")
+    cluster.rescan()
     here = cluster.mount("n1") / "make-example"
     result = make(here, "-j4")
     assert result.returncode == 0, result.stderr

@@ -62,6 +62,7 @@ def spread(cluster: LocalCluster, workdir: str, files: dict[str, tuple[str, byte
         target = cluster.export(node) / workdir / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
+    cluster.rescan()
 
 
 def holder(cluster: LocalCluster, workdir: str, rel: str) -> list[str]:
