@@ -42,7 +42,8 @@ def test_spawn_over_ssh_runs_there_and_stop_leaves_nothing(sshd: Sshd, tmp_path:
                 return b""  # gone meanwhile
 
         def sleeping() -> list[int]:
-            return [p for p in marked_pids(sshd.marker) if token.encode() in cmdline(p)]
+            """The job's two `sleep`s (not the shells around them, whose command lines hold the token too)."""
+            return [p for p in marked_pids(sshd.marker) if cmdline(p).split(b"\0")[:2] == [b"sleep", token.encode()]]
 
         try:
             assert wait_for(lambda: len(sleeping()) == 2, timeout=30), "the job's two sleeps never started on n1"
