@@ -167,7 +167,8 @@ class GmountOperations(pyfuse3.Operations):
         except AbsentForNow:
             raise  # some node could not be asked: the kernel must not keep this answer
         except FileNotFoundError:
-            self.inodes.detach(path)  # gone: an inode kept for the name is no live entry of it any more
+            if path != "/":
+                self.inodes.detach(path)  # gone: an inode kept for the name is no live entry of it any more
             if (self.negative_ttl <= 0 or notices != self._created_notices
                     or not self._remember_negative(parent_inode, os.fsdecode(name))):
                 raise  # a plain ENOENT is not cached by the kernel
