@@ -9,7 +9,7 @@ import hashlib
 import os
 import threading
 from collections.abc import Iterable
-from typing import IO
+from typing import IO, TypeVar
 
 import trio
 
@@ -22,6 +22,8 @@ from .paths import PathLike, Paths, as_list
 from .requests import LOOKUPS_IN_FLIGHT, READ_PIECE, READS_IN_FLIGHT, Requests, readable_holder
 from .view import ClusterView
 
+_T = TypeVar("_T")
+
 
 class Files:
     """The file operations of `api.Cluster` (documented there)."""
@@ -32,20 +34,7 @@ class Files:
         self._requests = requests
 
     def counters(self) -> dict[str, dict[str, int]]:
-        names = list(self._view.state.spec.nodes)
-
-        async def main(client: ClusterClient) -> dict[str, dict[str, int]]:
-            result: dict[str, dict[str, int]] = {}
-
-            async def one(node: str) -> None:
-                result[node] = await client.ask(node, msg.Counters())
-
-            async with open_nursery() as nursery:
-                for node in names:
-                    nursery.start_soon(one, node)
-            return {node: result[node] for node in names}
-
-        return self._requests.run(main)
+        return self._ask_each(list(self._view.state.spec.nodes), msg.Counters())
 
     def rescan(self, nodes: Iterable[str | Node] | None = None) -> dict[str, int]:
         names = list(self._view.state.spec.nodes) if nodes is None else [str(node) for node in nodes]
@@ -53,12 +42,16 @@ class Files:
         if unknown:
             raise GmountError(f"no node {unknown[0]!r} in cluster {self._view.state.name!r} "
                               f"(nodes: {', '.join(self._view.state.spec.nodes)})")
+        return self._ask_each(names, msg.Rescan())
 
-        async def main(client: ClusterClient) -> dict[str, int]:
-            result: dict[str, int] = {}
+    def _ask_each(self, names: list[str], request: msg.Request[_T]) -> dict[str, _T]:
+        """The same request to each node, all at once; the answers in the order of `names`."""
+
+        async def main(client: ClusterClient) -> dict[str, _T]:
+            result: dict[str, _T] = {}
 
             async def one(node: str) -> None:
-                result[node] = await client.ask(node, msg.Rescan())
+                result[node] = await client.ask(node, request)
 
             async with open_nursery() as nursery:
                 for node in names:
