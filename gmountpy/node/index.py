@@ -1799,7 +1799,7 @@ class IndexLocator:
         self._streak(directory, found is not None and not reply.get("parts")
                      and (reply.get("size") or LIST_AHEAD_MAX + 1) <= LIST_AHEAD_MAX)
         if found is not None:
-            return found
+            return await self._from_holder_if_linked(path, found)
         if reply["pending"]:
             raise AbsentForNow(errno.ENOENT, f"{path} is being created (home {home})")
         if not reply["complete"]:
@@ -1833,6 +1833,24 @@ class IndexLocator:
             self._quieten(directory)
         return reply
 
+    async def _from_holder_if_linked(self, path: str, found: Location) -> Location:
+        """`found` with its holder's attributes when the file has several names (hard links).
+
+        Such a file changes through any of its names (a write, a chmod, an unlink of another
+        name), and a home hears only of changes made through the names it indexes, so its
+        record may be stale. One more round trip, for hard-linked files only; a record found
+        stale is corrected at its home.
+        """
+        if found.attr.is_dir or found.attr.nlink <= 1:
+            return found
+        attr = await self._peers.ask(found.node, msg.Lookup(path))
+        if attr is None:
+            raise AbsentForNow(errno.ENOENT, f"{path} was removed from node {found.node} just now")
+        fresh = Location(found.node, attr)
+        if attr._replace(atime_ns=0) != found.attr._replace(atime_ns=0):
+            await self.announce_changed(path, fresh)
+        return fresh
+
     def _streak(self, directory: str, found: bool) -> None:
         """Count names found in a row in `directory` (a miss, or a directory too big or split to
         list, ends the streak)."""
@@ -1852,7 +1870,9 @@ class IndexLocator:
         if cached is None or cached[2] <= now:
             return None
         own = [loc for loc in cached[1].get(name, ()) if loc.replica_of is None]  # a replica: `_local` said
-        return own[0] if own else None
+        if not own or (not own[0].attr.is_dir and own[0].attr.nlink > 1):
+            return None  # not listed, or hard-linked: its holder has the attributes
+        return own[0]
 
     def _worth_listing(self, directory: str) -> bool:
         """Ask for the whole listing with this lookup (see LIST_AHEAD_AFTER)?"""

@@ -592,6 +592,32 @@ async def test_names_found_in_a_row_bring_the_listing_and_later_names_cost_no_me
         assert total(cluster) == 4 and cluster["n1"].locator.lists_ahead == 2  # type: ignore[attr-defined]
 
 
+@trio_test(frozen_clock=True)
+async def test_a_hard_linked_file_takes_its_attributes_from_its_holder(tmp_path: Path) -> None:
+    """A file with several names changes through any of them, and the home of one name hears
+    only of changes made through that name: its attributes come from the holder (one more
+    round trip, for such files only; never from a listing), and a stale record is corrected."""
+    async with open_cluster(tmp_path, lookup="index", ttl=1.0) as cluster:
+        directory = found_at(homes_of(cluster), "n4", ["n3"], "/linked")
+        cluster["n3"].put(f"{directory}/a", b"one inode")
+        n3 = cluster["n3"].namespace
+        await n3.link(f"{directory}/a", f"{directory}/b")
+        ns = cluster["n1"].namespace
+        cluster.reset_counts()
+        assert (await ns.lookup(f"{directory}/a")).attr.nlink == 2
+        assert total(cluster) == 2 and cluster["n4"].served["index_lookup"] == 1
+        assert cluster["n3"].served["lookup"] == 1
+        await n3.unlink(f"{directory}/b")  # a's home hears nothing of it
+        await elapse(1.0)  # n1's cached location expires (attr_ttl)
+        cluster.reset_counts()
+        assert (await ns.lookup(f"{directory}/a")).attr.nlink == 1
+        assert cluster["n3"].served["lookup"] == 1 and cluster["n4"].served["index_set"] == 1  # corrected
+        await elapse(1.0)
+        cluster.reset_counts()
+        assert (await ns.lookup(f"{directory}/a")).attr.nlink == 1
+        assert total(cluster) == 1 and cluster["n4"].served["index_lookup"] == 1  # one name again: the home
+
+
 @trio_test
 async def test_a_node_keeps_at_most_listings_kept_listings(tmp_path: Path) -> None:
     async with open_cluster(tmp_path, lookup="index") as cluster:

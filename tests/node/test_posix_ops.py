@@ -107,6 +107,9 @@ def test_hard_link_within_one_node_is_that_nodes_link(cluster4: LocalCluster) ->
     assert first.read_bytes() == b"ONE inode"
     for node in cluster4.nodes:  # every node's mount, once its attribute cache (0.5 s) expired
         assert wait_for(lambda node=node: os.lstat(cluster4.mount(node) / top / "a").st_nlink == 2), node
+    with open(second, "ab") as f:  # a change through one name is seen through the other, everywhere
+        f.write(b" grown")
+    assert wait_for(lambda: os.lstat(cluster4.mount("n3") / top / "a").st_size == len(b"ONE inode grown"))
     os.unlink(second)
     assert os.lstat(cluster4.export("n1") / top / "a").st_nlink == 1
     assert wait_for(lambda: os.lstat(cluster4.mount("n3") / top / "a").st_nlink == 1)
