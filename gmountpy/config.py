@@ -84,7 +84,7 @@ class Tuning:
     listings_per_connection: int = 64    # directory snapshots being paged through; beyond it EMFILE
     listings_per_node: int = 512
     readahead_mib: int = 256             # read-ahead blocks held by the node's mount
-    lookup: str = "flood"                # "flood" (GMount's search), "index" (homed directory index),
+    lookup: str = "index"                # "index" (homed directory index), "flood" (GMount's search),
                                          # "central" (one node is every directory's home: a baseline)
     central_node: str = ""               # the home of every directory with lookup = "central"; "" = first node
     index_rescan: float = 30.0           # seconds before a home re-lists a directory from every node

@@ -117,6 +117,11 @@ def force_cleanup(spec: ClusterSpec, state: ClusterState | None) -> None:
             subprocess.run(["fusermount3", "-u", "-z", node.mountpoint], capture_output=True)
 
 
+#: The locators the hand-off tests run under: the default (the index) and GMount's flooding
+#: search, which a user may still choose; only the one GMOUNT_TEST_LOOKUP names when it is set.
+LOOKUPS = [os.environ["GMOUNT_TEST_LOOKUP"]] if os.environ.get("GMOUNT_TEST_LOOKUP") else ["index", "flood"]
+
+
 @contextmanager
 def local_cluster(base: Path, name: str, sites: dict[str, list[str]],
                   links: list[tuple[str, str, float]], tuning: str = "attr_ttl = 0.5\nnegative_ttl = 0.5",

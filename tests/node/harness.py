@@ -20,7 +20,7 @@ import trio
 
 from gmountpy import rpc
 from gmountpy._trio import open_nursery
-from gmountpy.config import ClusterSpec, parse_spec
+from gmountpy.config import ClusterSpec, Tuning, parse_spec
 from gmountpy.node.export import Export
 from gmountpy.node.index import DirectoryIndex, ExportWatcher, Homes, IndexLocator
 from gmountpy.node.locator import FloodLocator, Locator
@@ -185,7 +185,7 @@ async def open_cluster(
     The default TTLs are long so that tests are deterministic; tests of expiry
     pass short ones or jump a MockClock.
     """
-    lookup = lookup or os.environ.get("GMOUNT_TEST_LOOKUP") or "flood"  # run a suite against the index
+    lookup = lookup or os.environ.get("GMOUNT_TEST_LOOKUP") or Tuning().lookup  # or run a suite against another
     spec = make_spec(base)
     overlay = Overlay(spec)
     nodes: dict[str, Node] = {}

@@ -27,6 +27,7 @@ from gmountpy import launch
 from ..conftest import (
     FOUR_NODE_LINKS,
     FOUR_NODES,
+    LOOKUPS,
     LocalCluster,
     fuse_problem,
     local_cluster,
@@ -38,11 +39,13 @@ TUNING = "attr_ttl = 2.0\nnegative_ttl = 10.0\nrpc_timeout = 1.5\nconnect_timeou
 SITE_A, SITE_B = ("n1", "n2"), ("n3", "n4")
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+@pytest.fixture(scope="module", params=LOOKUPS)
+def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """The cluster of this module's loops, once per locator (each keeps the contract)."""
     require("FUSE", fuse_problem())
     base = tmp_path_factory.mktemp("handoff")
-    with local_cluster(base, f"ho-{os.getpid()}", FOUR_NODES, FOUR_NODE_LINKS, TUNING) as running:
+    with local_cluster(base, f"ho-{request.param}-{os.getpid()}", FOUR_NODES, FOUR_NODE_LINKS,
+                       f'{TUNING}\nlookup = "{request.param}"') as running:
         yield running
 
 

@@ -18,7 +18,14 @@ from gmountpy.errors import PeerUnavailable
 from gmountpy.node.locator import AbsentForNow
 
 from .._trio import elapse, elapse_until, trio_test
+from ..conftest import LOOKUPS
 from .harness import open_cluster, read_file
+
+
+@pytest.fixture(autouse=True, params=LOOKUPS)
+def _lookup(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test once per locator (a test that names its locator keeps it)."""
+    monkeypatch.setenv("GMOUNT_TEST_LOOKUP", request.param)
 
 
 @trio_test
