@@ -96,11 +96,24 @@ def run_command(cluster_file: str, command: tuple[str, ...], site: str | None) -
 def _run_forwarding_signals(argv: list[str], grace: float = 30.0) -> int:
     """Run `argv`; SIGTERM is passed on to it, and after Ctrl-C (which the terminal sends to it too)
     it gets `grace` seconds to stop before it is killed -- teardown comes after the command ended."""
-    process = subprocess.Popen(argv)
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: process.send_signal(signum))
+    process: subprocess.Popen[bytes] | None = None
+    held: list[int] = []
+
+    def forward(signum: int, frame: object) -> None:
+        if process is None:
+            held.append(signum)  # arrived while the command was being started: sent once it runs
+        else:
+            process.send_signal(signum)
+
+    previous = signal.signal(signal.SIGTERM, forward)  # before the start: no moment without it
     try:
+        process = subprocess.Popen(argv)
+        for signum in held:
+            process.send_signal(signum)
         return process.wait()
     except KeyboardInterrupt:
+        if process is None:
+            raise
         try:
             process.wait(timeout=grace)
         except subprocess.TimeoutExpired:
