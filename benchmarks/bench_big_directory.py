@@ -6,10 +6,11 @@ tuning (`lookup = "index"`, `index_split_entries` 8192 unless `--split`), then:
 
 1. every node's 8 writer threads create their share of `--entries` new files
    (open O_CREAT|O_EXCL + close) in one fresh directory through their own mount;
-2. `ls` of the directory through every node's mount must list exactly every
+2. `stat` of `--sample` names written by the other site, from n2, must find
+   each one, and of as many names that exist nowhere, from n4, must say ENOENT
+   (before any listing, so that no name is in a kernel's cache);
+3. `ls` of the directory through every node's mount must list exactly every
    name (the listing asks each partition's server);
-3. `stat` of `--sample` names written by the other site, from n2, must find
-   each one, and of as many names that exist nowhere, from n4, must say ENOENT;
 
 and reports creates/s, the partitions and the nodes serving them, seconds per
 listing and messages per stat and per miss (counted by the daemons). It exits 1
@@ -79,22 +80,6 @@ def run(entries: int, split: int, sample: int, base: Path, holder: dict[str, Any
 
         expected = {f"{mount.parent.name}-t{t}-{i:05d}" for mount in mounts.values()
                     for t in range(THREADS) for i in range(per_writer)}
-        listings: dict[str, Any] = {}
-        for node, mount in mounts.items():
-            before = messages_sent(name)
-            start = time.perf_counter()
-            names = os.listdir(mount / DIRECTORY)
-            seconds = time.perf_counter() - start
-            listings[node] = {"seconds": round(seconds, 3), "messages": messages_sent(name) - before,
-                              "names": len(names)}
-            if len(names) != len(set(names)):
-                wrong.append(f"ls through {node}: {len(names) - len(set(names))} names listed twice")
-            if set(names) != expected:
-                wrong.append(f"ls through {node}: {len(expected - set(names))} names missing, "
-                             f"{len(set(names) - expected)} unexpected")
-            log(f"ls through {node}: {len(names)} names in {seconds:.2f} s")
-        row["listing"] = listings
-
         rng = random.Random(7)
         remote = sorted(n for n in expected if n.startswith(("n3-", "n4-")))  # written at the other site
         chosen = rng.sample(remote, min(sample, len(remote)))
@@ -113,6 +98,22 @@ def run(entries: int, split: int, sample: int, base: Path, holder: dict[str, Any
         row["stat_missing"] = {"count": sample, "ops_per_s": round(sample / (time.perf_counter() - start), 1),
                                "messages_per_op": round((messages_sent(name) - before) / sample, 3)}
         log(f"stat of remote names: {row['stat_remote']}; of missing names: {row['stat_missing']}")
+
+        listings: dict[str, Any] = {}
+        for node, mount in mounts.items():
+            before = messages_sent(name)
+            start = time.perf_counter()
+            names = os.listdir(mount / DIRECTORY)
+            seconds = time.perf_counter() - start
+            listings[node] = {"seconds": round(seconds, 3), "messages": messages_sent(name) - before,
+                              "names": len(names)}
+            if len(names) != len(set(names)):
+                wrong.append(f"ls through {node}: {len(names) - len(set(names))} names listed twice")
+            if set(names) != expected:
+                wrong.append(f"ls through {node}: {len(expected - set(names))} names missing, "
+                             f"{len(set(names) - expected)} unexpected")
+            log(f"ls through {node}: {len(names)} names in {seconds:.2f} s")
+        row["listing"] = listings
     finally:
         problems = launch.down(name) or {}
         holder["name"] = holder["state"] = None

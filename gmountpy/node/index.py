@@ -554,20 +554,7 @@ class DirectoryIndex:
         except OSError as exc:
             if exc.errno != errno.EFBIG:
                 raise
-        opened = await self._peers.call(node, "opendir", directory)
-        if opened is None:
-            return None
-        handle, count = opened
-        entries: list[Any] = []
-        try:
-            while len(entries) < count:
-                page = await self._peers.call(node, "readdir", handle, len(entries), _PAGE)
-                if not page:
-                    break
-                entries.extend(page)
-        finally:
-            await self._peers.call(node, "closedir", handle)
-        return entries
+        return await _list_in_pages(self._peers, node, directory)
 
     def _change(self, directory: str, change: _Change) -> None:
         """Apply to the built directory, and log it for a build under way."""
@@ -1219,17 +1206,19 @@ class DirectoryIndex:
         await self._revoke(directory, name, bool(is_dir), but=asker, everyone=backing)
         await self._changed(directory, [name], but=asker)
 
-    async def op_sync(self, directory: str, node: str, listing: list[Any], covered: list[int] | None = None) -> None:
-        """`node`'s export changed outside the mount: these are all its entries in `directory` now.
+    async def op_sync(self, directory: str, node: str, changes: list[Any], covered: list[int] | None = None) -> None:
+        """`node`'s export changed outside the mount (or its scan saw the mount's own changes):
+        these entries of `directory` are new or changed there, and those with no attributes
+        (`[name, None]`) are gone from it.
 
         Names new to the directory revoke the "not found" handed out for them, like a create.
-        A split directory's listing goes on to the servers of the partitions this node knows of
+        A split directory's changes go on to the servers of the partitions this node knows of
         and the sender did not (`covered`); each keeps the names of its own partitions.
         """
         parts = self._parts.get(directory)
         if parts is not None:
-            await self._pass_on(directory, parts, "index_sync", [directory, node, listing], covered)
-            listing = [entry for entry in listing if self._mine(directory, str(entry[0]))]
+            await self._pass_on(directory, parts, "index_sync", [directory, node, changes], covered)
+            changes = [entry for entry in changes if self._mine(directory, str(entry[0]))]
         if directory in self._building:
             self._outdated.add(directory)  # its listing of `node` may predate this
         current = self._dirs.get(directory)
@@ -1237,7 +1226,11 @@ class DirectoryIndex:
             return  # not built: the next build lists it anyway
         now = trio.current_time()
         seen: dict[str, _Holder] = {}
-        for entry in listing:
+        gone: list[str] = []
+        for entry in changes:
+            if entry[1] is None:
+                gone.append(str(entry[0]))
+                continue
             attr = Attr.from_wire(entry[1])
             seen[str(entry[0])] = _Holder(attr.is_dir, attr, str(entry[2]) if len(entry) > 2 else None)
         new_names = [name for name in seen if not current.entries.get(name)]
@@ -1247,12 +1240,12 @@ class DirectoryIndex:
                     if holder.is_dir and node not in current.entries.get(name, {})
                     and name in self._child_homes.get(directory, {})]
         changed: list[str] = list(new_names)
-        # The listing was taken before it was sent: what a claim or a close told this home
+        # The scan's listing was taken before it was sent: what a claim or a close told this home
         # within CLAIM_GRACE may be newer than it, and is kept -- a name created meanwhile is not
         # removed (it would vanish from listings until the next scan), nor its size made older.
-        for name, holders in list(current.entries.items()):
-            holder = holders.get(node)
-            if holder is not None and name not in seen and not holder.recent(now):
+        for name in gone:
+            holder = current.entries.get(name, {}).get(node)
+            if holder is not None and not holder.recent(now):
                 self._change(directory, (name, node, None))
                 changed.append(name)
         for name, holder in seen.items():
@@ -1342,9 +1335,12 @@ class ExportWatcher:
     A home lists a directory from every node through `index_listdir`, which also
     starts watching that directory here. `scan()` (every second, from the daemon)
     compares each watched directory's mtime with the one seen at its last listing;
-    a directory that changed is listed again and sent whole to its home
+    a directory that changed is listed again here and only what differs from what
+    its home was last told (names added or changed, names gone) is sent
     (`index_sync`): one message per changed directory per scan, whatever changed
-    it -- the mount's own creates included. So files copied straight into an
+    it -- the mount's own creates included, which the home knows already and
+    keeps. Sending the difference keeps a directory that grows by many creates
+    from costing its whole listing every second. So files copied straight into an
     export are seen by every node within about a second, with the hand-off rule 1
     revocations. A changed *file* (same name, new size) does not change its
     directory's mtime: its size is corrected by the next write through the mount,
@@ -1357,6 +1353,7 @@ class ExportWatcher:
         self._max = max_directories
         self._seen: OrderedDict[str, int | None] = OrderedDict()  # directory -> mtime_ns at the last listing
         self._asked_by: dict[str, str] = {}  # directory -> the home that listed it last
+        self._told: dict[str, dict[str, _Told]] = {}  # directory -> name -> what its home was told of it
         self._scanning = trio.Lock()  # the daemon's scan every second, and `rescan` asked for
         self.syncs = 0
 
@@ -1377,15 +1374,17 @@ class ExportWatcher:
         listing: list[Any] | None = await self._peers.call(self._peers.me, "listdir", directory)
         self._seen[directory] = mtime
         self._seen.move_to_end(directory)
+        self._told[directory] = _told(listing or [])
         if home is not None:
             self._asked_by[directory] = str(home)
         if len(self._seen) > self._max:
             dropped, _ = self._seen.popitem(last=False)
             self._asked_by.pop(dropped, None)
+            self._told.pop(dropped, None)
         return listing
 
     async def scan(self) -> int:
-        """Send the listing of every watched directory whose mtime changed; returns how many were sent.
+        """Send what changed in every watched directory whose mtime changed; returns how many were sent.
         Also the `rescan` request: a user who copied files into the export need not wait a second."""
         async with self._scanning:
             return await self._scan()
@@ -1398,29 +1397,72 @@ class ExportWatcher:
                 continue
             home = self._asked_by.get(directory) or self.homes.home(directory)
             try:
-                listing = [] if mtime is None else await self._peers.call(self._peers.me, "listdir", directory)
+                listing = [] if mtime is None else await _list_whole(self._peers, self._peers.me, directory)
             except OSError as exc:
-                if exc.errno == errno.EFBIG:  # too big to send whole: the home lists it again instead
-                    listing = None
-                else:
-                    log.info("cannot list %s to tell its home of a change: %s", directory, exc)
-                    continue
-            try:
-                if listing is None:
-                    await self._peers.call(home, "index_forget", [directory])
-                else:
-                    await self._peers.call(home, "index_sync", directory, self._peers.me, listing)
-            except OSError as exc:
-                log.info("could not tell home %s of changes in %s: %s", home, directory, exc)
-                continue  # tried again at the next scan
-            sent += 1
-            self.syncs += 1
-            if mtime is None:
+                log.info("cannot list %s to tell its home of a change: %s", directory, exc)
+                continue
+            listed = _told(listing or [])
+            before = self._told.get(directory, {})
+            changes = ([entry for entry in listing or [] if before.get(str(entry[0])) != listed[str(entry[0])]]
+                       + [[name, None] for name in before if name not in listed])
+            if changes:
+                try:
+                    await self._peers.call(home, "index_sync", directory, self._peers.me, changes)
+                except OSError as exc:
+                    log.info("could not tell home %s of changes in %s: %s", home, directory, exc)
+                    continue  # tried again at the next scan
+                sent += 1
+                self.syncs += 1
+            if mtime is None or listing is None:  # gone from this export: no longer watched
                 self._seen.pop(directory, None)
                 self._asked_by.pop(directory, None)
+                self._told.pop(directory, None)
             elif directory in self._seen:
                 self._seen[directory] = mtime
+                self._told[directory] = listed
         return sent
+
+
+async def _list_whole(peers: Peers, node: str, directory: str) -> list[Any] | None:
+    """`node`'s entries of `directory` (None: it has no such directory), in pages when too many
+    for one reply."""
+    try:
+        listing: list[Any] | None = await peers.call(node, "listdir", directory)
+        return listing
+    except OSError as exc:
+        if exc.errno != errno.EFBIG:
+            raise
+    return await _list_in_pages(peers, node, directory)
+
+
+async def _list_in_pages(peers: Peers, node: str, directory: str) -> list[Any] | None:
+    opened = await peers.call(node, "opendir", directory)
+    if opened is None:
+        return None
+    handle, count = opened
+    entries: list[Any] = []
+    try:
+        while len(entries) < count:
+            page = await peers.call(node, "readdir", handle, len(entries), _PAGE)
+            if not page:
+                break
+            entries.extend(page)
+    finally:
+        await peers.call(node, "closedir", handle)
+    return entries
+
+
+#: What a watcher told a home of one entry: its attributes but the access time, and the
+#: source node when it is a staged replica.
+_Told = tuple[tuple[int, ...], str | None]
+
+
+def _told(listing: list[Any]) -> dict[str, _Told]:
+    result: dict[str, _Told] = {}
+    for entry in listing:
+        attr = tuple(entry[1])
+        result[str(entry[0])] = (attr[:5] + attr[6:], str(entry[2]) if len(entry) > 2 else None)
+    return result
 
 
 # -- the asking side ------------------------------------------------------------------------------
