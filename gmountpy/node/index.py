@@ -1219,11 +1219,13 @@ class DirectoryIndex:
         if parts is not None:
             await self._pass_on(directory, parts, "index_sync", [directory, node, changes], covered)
             changes = [entry for entry in changes if self._mine(directory, str(entry[0]))]
-        if directory in self._building:
-            self._outdated.add(directory)  # its listing of `node` may predate this
         current = self._dirs.get(directory)
-        if current is None:
+        if current is None and directory not in self._building:
             return  # not built: the next build lists it anyway
+        # Under a build, the changes are logged for it (`_change`) and applied after its listings,
+        # as a claim's are: a directory that changes every second while it takes longer than that
+        # to list would never be kept if its build were thrown away instead.
+        entries = current.entries if current is not None else {}
         now = trio.current_time()
         seen: dict[str, _Holder] = {}
         gone: list[str] = []
@@ -1233,23 +1235,23 @@ class DirectoryIndex:
                 continue
             attr = Attr.from_wire(entry[1])
             seen[str(entry[0])] = _Holder(attr.is_dir, attr, str(entry[2]) if len(entry) > 2 else None)
-        new_names = [name for name in seen if not current.entries.get(name)]
+        new_names = [name for name in seen if not entries.get(name)]
         # a subdirectory that appeared on `node` outside the mount: its home (seeded empty by a
         # mkdir, or built before) has not listed it there -- it lists it again when next asked
         appeared = [name for name, holder in seen.items()
-                    if holder.is_dir and node not in current.entries.get(name, {})
+                    if holder.is_dir and node not in entries.get(name, {})
                     and name in self._child_homes.get(directory, {})]
         changed: list[str] = list(new_names)
         # The scan's listing was taken before it was sent: what a claim or a close told this home
         # within CLAIM_GRACE may be newer than it, and is kept -- a name created meanwhile is not
         # removed (it would vanish from listings until the next scan), nor its size made older.
         for name in gone:
-            holder = current.entries.get(name, {}).get(node)
-            if holder is not None and not holder.recent(now):
-                self._change(directory, (name, node, None))
+            holder = entries.get(name, {}).get(node)
+            if (current is None or holder is not None) and (holder is None or not holder.recent(now)):
+                self._change(directory, (name, node, None))  # (first build: its listing may have it)
                 changed.append(name)
         for name, holder in seen.items():
-            before = current.entries.get(name, {}).get(node)
+            before = entries.get(name, {}).get(node)
             if before is not None and before.recent(now):
                 if before.attr is not None:
                     continue

@@ -900,6 +900,46 @@ async def test_directory_index_sync_revokes_listings_only_when_something_shows_c
     assert [e[0] for e in (await index.op_list("/d", None))["entries"]] == ["b"]
 
 
+class SlowPeer(OnePeer):
+    """Listings take `seconds` (a directory of many entries on a busy node)."""
+
+    def __init__(self, listings: dict[str, dict[str, list[Any]]], seconds: float) -> None:
+        super().__init__(listings)
+        self.seconds = seconds
+
+    async def call(self, node: str, op: str, *args: Any, timeout: float | None = None) -> Any:
+        if op in ("listdir", "index_listdir"):
+            await trio.sleep(self.seconds)
+        return await super().call(node, op, *args, timeout=timeout)
+
+
+@trio_test(autojump=True)
+async def test_directory_index_sync_during_a_build_is_applied_to_it_and_the_build_kept() -> None:
+    """Syncs arrive every second from a node whose directory keeps changing; a build that takes
+    longer than that must still be kept (thrown away, every request built again: 100k creates
+    in one directory slowed to tens per second). The sync's changes apply after its listings."""
+    peer = SlowPeer({"h": {"/d": [["a", _attr()]]}, "x": {"/d": [["b", _attr()], ["c", _attr()]]}}, 3.0)
+    index = DirectoryIndex(peer, ["h", "x"], lease=10.0, rescan=30.0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(index.op_lookup, "/d", "a", None)  # the first build: 3 s of listing
+        await trio.sleep(1.0)
+        await index.op_sync("/d", "x", [["d", _attr()], ["c", None]])  # listed before these changes
+        await trio.sleep(1.0)
+        await index.op_sync("/d", "x", [["e", _attr(size=5)]])
+    assert index.statistics().builds == 1
+    assert sorted(e[0] for e in (await index.op_list("/d", None))["entries"]) == ["a", "b", "d", "e"]
+    assert index.statistics().builds == 1  # kept: not listed again
+    built_at = trio.current_time()
+    async with trio.open_nursery() as nursery:  # a rescan's build, with the old index still there
+        await elapse_until(built_at + 30.0)
+        nursery.start_soon(index.op_lookup, "/d", "a", None)
+        await trio.sleep(1.0)
+        await index.op_sync("/d", "x", [["f", _attr()], ["b", None]])
+    assert index.statistics().builds == 2
+    assert sorted(e[0] for e in (await index.op_list("/d", None))["entries"]) == ["a", "c", "f"]
+    assert index.statistics().builds == 2
+
+
 @trio_test(autojump=True)
 async def test_directory_index_sync_older_than_a_create_does_not_remove_it() -> None:
     """x's export scan lists the directory and finds "new" gone (or older), x creates "new" through
