@@ -95,6 +95,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_core.py", *session.posargs)
     session.run("python", "benchmarks/bench_lookup.py")  # messages/op: flood vs index vs central
     session.run("python", "benchmarks/bench_split.py")  # creates into one directory, with and without Giga+ splits
+    session.run("python", "benchmarks/bench_big_directory.py")  # 100 000 names in one directory, checked
     ensure_system_packages(session, ["make"])
     session.run("python", "benchmarks/bench_make.py")
     if os.geteuid() == 0:  # the WAN benchmarks need network namespaces (root); reduced size here
