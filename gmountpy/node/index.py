@@ -1370,10 +1370,22 @@ class ExportWatcher:
         return None if value is None else Attr.from_wire(value).mtime_ns
 
     async def op_listdir(self, directory: str, home: str | None = None) -> list[Any] | None:
-        """This node's listing of `directory` for its home (EFBIG when it needs paging: not watched).
+        """This node's listing of `directory` for its home, which is watched from now on (EFBIG
+        when it needs paging: the home pages through it, and it is watched all the same).
         Changes go to `home`, the node that asked (homes other than the root's are not computable)."""
         mtime = await self._mtime(directory)  # before listing: a change meanwhile shows at the next scan
-        listing: list[Any] | None = await self._peers.call(self._peers.me, "listdir", directory)
+        try:
+            listing: list[Any] | None = await self._peers.call(self._peers.me, "listdir", directory)
+        except OSError as exc:
+            if exc.errno != errno.EFBIG:
+                raise
+            self._watch(directory, mtime, await _list_whole(self._peers, self._peers.me, directory), home)
+            raise
+        self._watch(directory, mtime, listing, home)
+        return listing
+
+    def _watch(self, directory: str, mtime: int | None, listing: list[Any] | None, home: str | None) -> None:
+        """Watch `directory` from here on: its home was told `listing`, as of `mtime`."""
         self._seen[directory] = mtime
         self._seen.move_to_end(directory)
         self._told[directory] = _told(listing or [])
@@ -1383,7 +1395,6 @@ class ExportWatcher:
             dropped, _ = self._seen.popitem(last=False)
             self._asked_by.pop(dropped, None)
             self._told.pop(dropped, None)
-        return listing
 
     async def scan(self) -> int:
         """Send what changed in every watched directory whose mtime changed; returns how many were sent.

@@ -39,6 +39,7 @@ from gmountpy import Cluster as ApiCluster
 from gmountpy import launch, rpc
 from gmountpy.errors import GmountError, PeerUnavailable
 from gmountpy.node import index as index_module
+from gmountpy.node import service as service_module
 from gmountpy.node.export import Export
 from gmountpy.node.index import (
     CLAIM_GRACE,
@@ -406,6 +407,28 @@ async def test_a_scan_sends_its_home_only_what_changed_in_a_big_directory(tmp_pa
         with pytest.raises(FileNotFoundError):
             await cluster["n1"].namespace.lookup(f"{directory}/f007")
         assert len((await cluster["n2"].namespace.merged_listing(directory)).entries) == 300
+
+
+@trio_test(frozen_clock=True)
+async def test_a_directory_too_big_for_one_listing_is_paged_and_still_watched(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """More entries on one node than one reply carries: the home pages through them, and the node
+    watches the directory all the same (files copied in are seen at its next scan)."""
+    monkeypatch.setattr(service_module, "LISTDIR_MAX", 10)
+    async with open_cluster(tmp_path, lookup="index", ttl=1.0) as cluster:
+        directory = found_at(homes_of(cluster), "n4", ["n3"], "/paged")
+        for i in range(25):
+            cluster["n3"].put(f"{directory}/f{i:02d}", b"x")
+        with pytest.raises(FileNotFoundError):
+            await cluster["n1"].namespace.lookup(f"{directory}/copied")
+        assert cluster["n3"].served["readdir"] >= 3  # the home paged through n3's 25 entries
+        assert (await cluster["n1"].namespace.lookup(f"{directory}/f24")).node == "n3"
+        (cluster["n3"].path(directory) / "copied").write_bytes(b"cp'd in")
+        watcher = cluster["n3"].watcher
+        assert watcher is not None
+        assert await watcher.scan() == 1
+        await elapse(1.0)
+        assert (await cluster["n1"].namespace.lookup(f"{directory}/copied")).node == "n3"
 
 
 @trio_test
