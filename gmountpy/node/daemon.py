@@ -26,6 +26,9 @@ import resource
 import signal
 import socket
 import sys
+import threading
+import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 import pyfuse3
@@ -64,6 +67,8 @@ def _say(out: TextIO, kind: str, payload: Any) -> None:
 _log_stream: TextIO | None = None
 #: An event loop that has not run for this long has its threads' tracebacks written to the log.
 STALL_REPORT_AFTER = 5.0
+#: The event loop not seen running for this long while mounted: wake the FUSE reader (_FuseReaderNudge).
+FUSE_NUDGE_AFTER = 2.0
 
 
 def _setup_logging(path: str) -> None:
@@ -220,21 +225,76 @@ class NodeDaemon:
                             log.info("received signal %d, unmounting", signum)
                             control.shutdown.set()
 
+                nudge = _FuseReaderNudge(self.node.mountpoint)
+
                 async def stop_when_asked() -> None:
                     await control.shutdown.wait()
+                    nudge.stop()  # no request of its own on a mount being unmounted
                     pyfuse3.terminate()
 
                 nursery.start_soon(watch_signals)
                 nursery.start_soon(stop_when_asked)
+                nursery.start_soon(nudge.keep_beating)
+                nudge.start()
                 if _log_stream is not None:
                     nursery.start_soon(_report_stalls, _log_stream)
-                await pyfuse3.main()
+                try:
+                    await pyfuse3.main()
+                finally:
+                    nudge.stop()
             finally:
                 with trio.CancelScope(shield=True):
                     pyfuse3.close(unmount=True)
                     log.info("node %s unmounted %s", self.me, self.node.mountpoint)
                 nursery.cancel_scope.cancel()
             await pool.aclose()
+
+
+class _FuseReaderNudge:
+    """Wakes pyfuse3's reader when it waits in a read that no request will end.
+
+    pyfuse3 reads /dev/fuse in blocking mode once the fd polled readable. A request withdrawn
+    in between (its process killed before this daemon read it) leaves that read -- and with it
+    the whole event loop: RPCs, other mounts' requests -- waiting for the next request on this
+    mount, which may never come (CI saw a node stalled for minutes after tests killed jobs).
+    A thread that sees the loop stalled makes one request of its own (`poke`: getxattr on the
+    mount's root, which the kernel never caches); it waits for its answer before the next.
+    """
+
+    def __init__(self, mountpoint: str, after: float = FUSE_NUDGE_AFTER,
+                 poke: Callable[[str], object] | None = None) -> None:
+        self.mountpoint = mountpoint
+        self.after = after
+        self.poke = poke or (lambda path: os.getxattr(path, "user.gmount.node"))
+        self.beat = time.monotonic()
+        self.nudges = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gmount-fuse-nudge", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def keep_beating(self) -> None:
+        """Runs on the event loop: while it runs, nobody is nudged."""
+        while True:
+            self.beat = time.monotonic()
+            await trio.sleep(self.after / 4)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.after / 2):
+            stalled = time.monotonic() - self.beat
+            if stalled < self.after or self._stop.is_set():
+                continue
+            self.nudges += 1
+            log.info("the event loop has not run for %.1f s: a request to %s wakes the FUSE reader",
+                     stalled, self.mountpoint)
+            try:
+                self.poke(self.mountpoint)
+            except OSError:
+                pass  # any answer will do: the reader is awake
 
 
 async def _report_stalls(stream: TextIO, after: float = STALL_REPORT_AFTER) -> None:

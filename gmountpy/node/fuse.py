@@ -344,7 +344,16 @@ class GmountOperations(pyfuse3.Operations):
         version = _version(handle.attr)
         keep = self._opened_version.get(inode) == version
         if self._told.get(inode) != version:
-            _invalidate_inode(inode, attr_only=True)  # never blocks: no page is touched
+            # In a worker thread, as invalidate_entry: the kernel call touches no page, but it
+            # looks the inode up, which waits while the kernel evicts it -- and an eviction can
+            # wait for a read this daemon has yet to answer. In the event loop, that stalled
+            # this node for minutes (CI); here the open goes on after KERNEL_NOTIFY_WAIT.
+            with trio.move_on_after(KERNEL_NOTIFY_WAIT) as waited:
+                await trio.to_thread.run_sync(_invalidate_inode, inode, True, abandon_on_cancel=True,
+                                              limiter=self._entry_limiter)
+            if waited.cancelled_caught:
+                log.warning("the kernel did not drop its attributes of inode %d within %.1f s; "
+                            "its size may show stale until attr_ttl", inode, KERNEL_NOTIFY_WAIT)
             self._told[inode] = version
         self._opened_version[inode] = version
         fh = self._new_fh()
