@@ -346,8 +346,8 @@ class GmountOperations(pyfuse3.Operations):
         if self._told.get(inode) != version:
             # In a worker thread, as invalidate_entry: the kernel call touches no page, but it
             # looks the inode up, which waits while the kernel evicts it -- and an eviction can
-            # wait for a read this daemon has yet to answer. In the event loop, that stalled
-            # this node for minutes (CI); here the open goes on after KERNEL_NOTIFY_WAIT.
+            # wait for a read this daemon has yet to answer. On the event loop that would stall
+            # the node; here the open goes on after KERNEL_NOTIFY_WAIT.
             with trio.move_on_after(KERNEL_NOTIFY_WAIT) as waited:
                 await trio.to_thread.run_sync(_invalidate_inode, inode, True, abandon_on_cancel=True,
                                               limiter=self._entry_limiter)
