@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import shutil
 import signal
@@ -36,12 +35,12 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from benchmarks.bench_core import _raise_interrupt, code_version, log, scratch_cluster
+    from benchmarks.bench_core import _raise_interrupt, log, scratch_cluster, write_results
     from benchmarks.bench_lookup import messages_sent, write_cluster_file
     from benchmarks.bench_split import THREADS, creates_per_second, index_stats
 except ImportError:  # run as `python benchmarks/bench_big_directory.py`: its siblings are importable by name
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_core import _raise_interrupt, code_version, log, scratch_cluster  # type: ignore[no-redef,import-not-found]
+    from bench_core import _raise_interrupt, log, scratch_cluster, write_results  # type: ignore[no-redef,import-not-found]
     from bench_lookup import messages_sent, write_cluster_file  # type: ignore[no-redef,import-not-found]
     from bench_split import THREADS, creates_per_second, index_stats  # type: ignore[no-redef,import-not-found]
 
@@ -145,14 +144,9 @@ def main() -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, old_term)
-    doc = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                       "loadavg_at_start": load_start, "loadavg_at_end": os.getloadavg()},
-           "code": code_version(), "parameters": {"entries": args.entries, "split_entries": args.split,
-                                                  "sample": args.sample, "nodes": len(NODES), "sites": 2,
-                                                  "threads_per_node": THREADS},
-           "results": row, "wrong": wrong, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    write_results(args.out, load_start, {"entries": args.entries, "split_entries": args.split, "sample": args.sample,
+                                         "nodes": len(NODES), "sites": 2, "threads_per_node": THREADS},
+                  row, wrong=wrong)
     print(json.dumps(row, indent=2))
     for problem in wrong[:20]:
         print(f"WRONG: {problem}", file=sys.stderr)

@@ -252,6 +252,17 @@ def code_version() -> dict[str, Any]:
     return info
 
 
+def write_results(out: Path, load_start: tuple[float, float, float], parameters: dict[str, Any],
+                  results: Any, **extra: Any) -> None:
+    """The JSON document of a cluster benchmark: machine and load, commit, parameters, results."""
+    doc = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                       "loadavg_at_start": load_start, "loadavg_at_end": os.getloadavg()},
+           "code": code_version(), "parameters": parameters, "results": results, **extra,
+           "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+
+
 def fuse_bdi_info(mountpoint: str) -> dict[str, Any]:
     dev = os.stat(mountpoint).st_dev
     major, minor = os.major(dev), os.minor(dev)

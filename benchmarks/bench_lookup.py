@@ -29,9 +29,7 @@ everything runs over loopback, so ops/s here mostly measures CPU per message.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
 import signal
 import statistics
@@ -41,10 +39,10 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from benchmarks.bench_core import _raise_interrupt, code_version, log, scratch_cluster
+    from benchmarks.bench_core import _raise_interrupt, log, scratch_cluster, write_results
 except ImportError:  # run as `python benchmarks/bench_lookup.py`: its sibling is importable by name
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_core import _raise_interrupt, code_version, log, scratch_cluster  # type: ignore[no-redef,import-not-found]
+    from bench_core import _raise_interrupt, log, scratch_cluster, write_results  # type: ignore[no-redef,import-not-found]
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "lookup.json"
 SITES = {"tsukuba": ["n1", "n2"], "hongo": ["n3", "n4"]}
@@ -180,13 +178,8 @@ def main() -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, old_term)
-    doc = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                       "loadavg_at_start": load_start, "loadavg_at_end": os.getloadavg()},
-           "code": code_version(), "parameters": {"files": args.files, "repeats": args.repeats,
-                                                  "nodes": 4, "sites": 2, "via": "n1's mount"},
-           "results": results, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    write_results(args.out, load_start, {"files": args.files, "repeats": args.repeats, "nodes": 4, "sites": 2,
+                                         "via": "n1's mount"}, results)
     print(f"{'row':<14}" + "".join(f"{m + ' ops/s':>16}{m + ' msg/op':>16}" for m in results))
     for row in ROWS:
         print(f"{row:<14}" + "".join(f"{results[m][row]['ops_per_s']:>16}{results[m][row]['messages_per_op']:>16}"

@@ -18,9 +18,7 @@ the ratios within one run, not the absolute rates.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
 import signal
 import sys
@@ -30,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from benchmarks.bench_core import _raise_interrupt, code_version, log, scratch_cluster
+    from benchmarks.bench_core import _raise_interrupt, log, scratch_cluster, write_results
     from benchmarks.bench_lookup import write_cluster_file
 except ImportError:  # run as `python benchmarks/bench_split.py`: its siblings are importable by name
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_core import _raise_interrupt, code_version, log, scratch_cluster  # type: ignore[no-redef,import-not-found]
+    from bench_core import _raise_interrupt, log, scratch_cluster, write_results  # type: ignore[no-redef,import-not-found]
     from bench_lookup import write_cluster_file  # type: ignore[no-redef,import-not-found]
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "split.json"
@@ -134,13 +132,8 @@ def main() -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, old_term)
-    doc = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                       "loadavg_at_start": load_start, "loadavg_at_end": os.getloadavg()},
-           "code": code_version(), "parameters": {"files_per_writer": args.files, "threads_per_node": THREADS,
-                                                  "split_entries": args.split, "nodes": 4, "sites": 2},
-           "results": results, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    write_results(args.out, load_start, {"files_per_writer": args.files, "threads_per_node": THREADS,
+                                         "split_entries": args.split, "nodes": 4, "sites": 2}, results)
     print(f"{'writing nodes':<14}{'unsplit c/s':>14}{'split c/s':>14}{'split/unsplit':>15}{'servers':>9}")
     for count in map(str, WRITERS):
         plain, split_row = results["unsplit"][count], results["split"][count]

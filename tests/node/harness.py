@@ -185,7 +185,7 @@ async def open_cluster(
     The default TTLs are long so that tests are deterministic; tests of expiry
     pass short ones or jump a MockClock.
     """
-    lookup = lookup or os.environ.get("GMOUNT_TEST_LOOKUP") or Tuning().lookup  # or run a suite against another
+    lookup = lookup or os.environ.get("GMOUNT_TEST_LOOKUP") or Tuning().lookup  # the env: a suite under another locator
     spec = make_spec(base)
     overlay = Overlay(spec)
     nodes: dict[str, Node] = {}
