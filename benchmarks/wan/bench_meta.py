@@ -1,7 +1,8 @@
 """ParaMark-style metadata benchmark over emulated WAN sites: gmountpy beside central designs.
 
     python -m benchmarks.wan.bench_meta [--quick | --ops N] [--r-adj 0.2,0.5,0.8,1.0] [--sites 2|3|4]
-                                        [--systems gmountpy,gmountpy-index,...] [--out PATH]
+                                        [--systems gmountpy,gmountpy-index,...] [--isolated]
+                                        [--out PATH [--resume]]
 
 A 4-site x 2-node cluster (RTTs 5-25 ms between sites, see LINKS) is
 emulated with benchmarks.wan; one client per node runs N ops of each type
@@ -25,6 +26,10 @@ Systems, all inside the same emulated sites, in the same run:
   a FUSE client on every node (benchmarks/wan/glusterfs.py). No metadata server: the
   DHT hash of a name picks its brick, so r_adj does not change where files are either.
 The aggregate rate of a phase is all clients' ops / the slowest client's time.
+With --isolated the clients of a phase run one after another instead of at once:
+the same formula then gives what nodes with CPUs of their own would reach (on a
+small machine the concurrent run measures CPU contention as much as the protocol).
+The JSON is written after every system; --resume keeps the systems it already has.
 """
 
 from __future__ import annotations
@@ -331,7 +336,9 @@ def _wait_mounted(path: Path, timeout: float = 20) -> None:
 
 
 def run_phases(system: Any, plan: dict[str, dict[str, list[tuple[str, str]]]], r_adj: float,
-               ops: tuple[str, ...]) -> list[dict[str, Any]]:
+               ops: tuple[str, ...], isolated: bool = False) -> list[dict[str, Any]]:
+    """One row per op type. All clients start each phase at once; `isolated` runs them one after
+    another instead, so each client's time is what its node costs with the CPUs to itself."""
     clients: dict[str, subprocess.Popen[str]] = {}
     rows: list[dict[str, Any]] = []
     try:
@@ -350,18 +357,23 @@ def run_phases(system: Any, plan: dict[str, dict[str, list[tuple[str, str]]]], r
         count = getattr(system, "messages", None)  # gmountpy only: its daemons count what they send
         for op in ops:
             before = count() if count else None
-            for process in clients.values():
-                assert process.stdin is not None
-                process.stdin.write(f"GO {op}\n")
-                process.stdin.flush()
-            replies = {c: json.loads(p.stdout.readline()) for c, p in clients.items()}  # type: ignore[union-attr]
+            replies = {}
+            for batch in ([[c] for c in clients] if isolated else [list(clients)]):
+                for client in batch:
+                    stdin = clients[client].stdin
+                    assert stdin is not None
+                    stdin.write(f"GO {op}\n")
+                    stdin.flush()
+                for client in batch:
+                    replies[client] = json.loads(clients[client].stdout.readline())  # type: ignore[union-attr]
             slowest = max(r["seconds"] for r in replies.values())
             total = sum(r["count"] for r in replies.values())
             errors = sum(r["errors"] for r in replies.values())
             row = {"system": system.name, "r_adj": r_adj, "op": op, "ops_per_s": total / slowest if slowest else None,
                    "clients": len(replies), "ops_per_client": total // len(replies), "seconds_slowest": slowest,
                    "seconds_per_client": {c: round(r["seconds"], 4) for c, r in replies.items()},
-                   "errors": errors, "first_errors": [e for r in replies.values() for e in r["first_errors"]][:3]}
+                   "errors": errors, "first_errors": [e for r in replies.values() for e in r["first_errors"]][:3],
+                   "isolated": isolated}
             if count and before is not None:
                 sent = count() - before
                 row["messages_per_op"] = round(sum(sent.values()) / total, 3) if total else None
@@ -413,7 +425,14 @@ def main(argv: list[str] | None = None) -> int:
                         "that make targets, mkdir before rmdir, are up to you)")
     parser.add_argument("--sites", type=int, default=4, choices=[2, 3, 4],
                         help="emulate only the first N of the 4 sites (default 4)")
+    parser.add_argument("--isolated", action="store_true",
+                        help="run the clients of a phase one after another, not all at once: each client's time is "
+                        "then what its node costs with this machine's CPUs to itself (a node per machine)")
     parser.add_argument("--out", type=Path, default=RESULTS / "wan_meta.json")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the systems --out already has in full for the same workload and run only the "
+                        "others (a run too long for one sitting, done in parts; each system records its own "
+                        "commit, times and load)")
     args = parser.parse_args(argv)
     use_sites(args.sites)
     n = 50 if args.quick else args.ops
@@ -437,8 +456,17 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _interrupt)  # tear down as on Ctrl-C
     run = describe_run()
-    rows: list[dict[str, Any]] = []
     central = central_site()
+    workload = {"ops_per_client": n, "sites": len(SITES), "clients": sum(len(v) for v in SITES.values()),
+                "r_adj": r_values, "ops": list(only), "isolated": args.isolated, "central_site": central}
+    result: dict[str, Any] = {"benchmark": "wan_meta", **run, **workload, "systems": {}, "results": [],
+                              "complete": False}
+    if args.resume and args.out.exists():
+        result = resumed(json.loads(args.out.read_text()), workload, run)
+        done = [s for s in systems if s in result["systems"]]
+        log(f"resuming {args.out}: keeping {', '.join(done) or 'nothing'}")
+        systems = [s for s in systems if s not in done]
+    rows: list[dict[str, Any]] = result["results"]
     with tempfile.TemporaryDirectory(prefix="gmw-meta-") as tmp, ExitStack() as stack:
         work = Path(tmp)
         old_state = os.environ.get("XDG_STATE_HOME")
@@ -467,21 +495,44 @@ def main(argv: list[str] | None = None) -> int:
                 for kind, path, holder in holdings(plan):
                     system.place(kind, path, holder)
             started = time.monotonic()
+            about = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": run["commit"],
+                     "loadavg_start": os.getloadavg()}
             with system.running():
-                log(f"{system_name} up in {time.monotonic() - started:.1f}s")
+                about["up_seconds"] = round(time.monotonic() - started, 1)
+                log(f"{system_name} up in {about['up_seconds']}s")
                 for r, plan in plans.items():
-                    rows += run_phases(system, plan, r, only)
-        run["loadavg_end"] = os.getloadavg()
-        cluster = (work / "cluster.toml").read_text().replace(str(work), "$WORK")
-    result = {"benchmark": "wan_meta", **run, "cluster": cluster, "central_site": central,
-              "ops_per_client": n, "sites": len(SITES), "clients": sum(len(v) for v in SITES.values()),
-              "results": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    log(f"wrote {args.out}")
+                    rows += run_phases(system, plan, r, only, args.isolated)
+            about["loadavg_end"] = os.getloadavg()
+            result["systems"][system_name] = about
+            result["cluster"] = (work / "cluster.toml").read_text().replace(str(work), "$WORK")
+            write(args.out, result)  # after every system: a run cut short keeps what it measured
+        result["loadavg_end"] = os.getloadavg()
+    result["complete"] = True
+    write(args.out, result)
     print(table(result))
     plot(result, args.out.with_suffix(".png"))
     return 0
+
+
+def write(out: Path, result: dict[str, Any]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    log(f"wrote {out}")
+
+
+def resumed(old: dict[str, Any], workload: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+    """The earlier result, keeping the systems it measured in full for this same workload."""
+    differs = {k: (old.get(k), v) for k, v in workload.items() if old.get(k) != v}
+    if differs:
+        raise SystemExit(f"--resume: the earlier run measured another workload ({differs}); pick another --out")
+    wanted = {(r, op) for r in workload["r_adj"] for op in workload["ops"]}
+    full = {s for s in old.get("systems", {})
+            if {(row["r_adj"], row["op"]) for row in old["results"] if row["system"] == s} >= wanted}
+    old["systems"] = {s: v for s, v in old["systems"].items() if s in full}
+    old["results"] = [row for row in old["results"] if row["system"] in full]
+    old["commits"] = sorted({old.get("commit", ""), run["commit"]} - {""})
+    old["complete"] = False
+    return old
 
 
 def table(result: dict[str, Any]) -> str:
