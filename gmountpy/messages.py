@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 R = TypeVar("R", covariant=True)
+T = TypeVar("T")
 
 
 def _malformed(what: str, value: Any) -> OSError:
@@ -83,6 +84,36 @@ def _attr(value: Any, what: str) -> Attr:
 def _none(value: Any, what: str) -> None:
     if value is not None:
         raise _malformed(what, value)
+
+
+def _bool(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise _malformed(what, value)
+    return value
+
+
+def _float(value: Any, what: str) -> float:
+    """Seconds: a float, or an int from a node configured with whole seconds."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise _malformed(what, value)
+    return float(value)
+
+
+def _optional_str(value: Any, what: str) -> str | None:
+    return None if value is None else _str(value, what)
+
+
+def _ints(value: Any, what: str) -> tuple[int, ...]:
+    return tuple(_int(v, what) for v in _list(value, what))
+
+
+def _to_wire(value: Any) -> Any:
+    """A decoded reply as it was on the wire (for a reply that carries another request's reply)."""
+    if hasattr(value, "to_wire"):
+        return value.to_wire()
+    if isinstance(value, list | tuple):
+        return [_to_wire(item) for item in value]
+    return value
 
 
 # --------------------------------------------------------------------------- replies
@@ -712,6 +743,405 @@ class RenewTls(Request[str]):
 @dataclass(frozen=True)
 class Shutdown(_NoReply):
     op = "shutdown"
+
+
+# -- the homed directory index (node/index.py; lookup = "index" or "central") -------------------
+#
+# DirectoryIndex answers for the directories a node is the home of (or a partition's server, or a
+# backup), ExportWatcher lists the node's own export for homes (and answers `rescan`, above), and
+# IndexLocator takes the revocations homes send.
+
+
+class IndexHolder(NamedTuple):
+    """One holder of a name in a home's index: the node, the file's attributes there, and the
+    node whose file it is a staged replica of (None: its own).
+
+    A named tuple, checked inline, as DirEntry: a listing has up to service.LISTDIR_MAX names.
+    """
+
+    node: str
+    attr: Attr
+    replica_of: str | None
+
+    @classmethod
+    def from_wire(cls, value: Any, what: str) -> IndexHolder:
+        if isinstance(value, list | tuple) and len(value) == 3:
+            node, attr, replica_of = value
+            if isinstance(node, str) and (replica_of is None or isinstance(replica_of, str)):
+                return cls(node, _attr(attr, what), replica_of)
+        raise _malformed(what, value)
+
+    def to_wire(self) -> list[Any]:
+        return [self.node, list(self.attr), self.replica_of]
+
+
+def _holders(value: Any, what: str) -> list[IndexHolder]:
+    if not isinstance(value, list | tuple):
+        raise _malformed(what, value)
+    return [IndexHolder.from_wire(holder, what) for holder in value]
+
+
+class IndexRow(NamedTuple):
+    """One name of a home's listing: its holders, and its home when it is a subdirectory (leased
+    to the asker with the listing)."""
+
+    name: str
+    holders: tuple[IndexHolder, ...]
+    home: str | None
+
+    @classmethod
+    def from_wire(cls, value: Any, what: str) -> IndexRow:
+        if isinstance(value, list | tuple) and len(value) == 3:
+            name, holders, home = value
+            if isinstance(name, str) and (home is None or isinstance(home, str)):
+                return cls(name, tuple(_holders(holders, what)), home)
+        raise _malformed(what, value)
+
+    def to_wire(self) -> list[Any]:
+        return [self.name, [holder.to_wire() for holder in self.holders], self.home]
+
+
+@dataclass(frozen=True)
+class IndexListReply:
+    """`index_list`: every name of a directory with its holders. `complete`: every node was listed
+    (if not, the asker lists every node itself); `exists`: some node has the directory; `lease`:
+    seconds the asker may keep the listing (0: not leased); `home_lease`: seconds the homes of the
+    subdirectories are leased; `parts`: the partitions of a split directory known to the asked
+    node (None: not split), whose other partitions their servers list."""
+
+    entries: tuple[IndexRow, ...]
+    complete: bool
+    exists: bool
+    lease: float
+    home_lease: float
+    parts: tuple[int, ...] | None = None
+
+    @classmethod
+    def from_wire(cls, value: Any, what: str = "index_list") -> IndexListReply:
+        fields = _dict(value, what, ("entries", "complete", "exists", "lease", "home_lease"))
+        parts = fields.get("parts")
+        return cls(tuple(IndexRow.from_wire(row, what) for row in _list(fields["entries"], what)),
+                   _bool(fields["complete"], what), _bool(fields["exists"], what), _float(fields["lease"], what),
+                   _float(fields["home_lease"], what), None if parts is None else _ints(parts, what))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"entries": [row.to_wire() for row in self.entries], "complete": self.complete,
+                "exists": self.exists, "lease": self.lease, "home_lease": self.home_lease,
+                "parts": None if self.parts is None else list(self.parts)}
+
+
+@dataclass(frozen=True)
+class IndexLookupReply:
+    """`index_lookup`: every holder of a name. `complete`: every node was listed; `pending`: a holder
+    is creating it right now (neither "here" nor "not here" yet); `lease`: seconds the home will
+    tell the asker of a create of the name (a leased "not found"; 0: not leased); `home`: a
+    subdirectory's home, leased for `home_lease` seconds; `parts`: the partitions of a split
+    directory known to the home (None: not split); `size`: names in the directory there (None:
+    not built); `listing`: the whole directory, when asked for (`with_listing`)."""
+
+    holders: tuple[IndexHolder, ...]
+    complete: bool
+    pending: bool
+    lease: float
+    home: str | None = None
+    home_lease: float = 0.0
+    parts: tuple[int, ...] | None = None
+    size: int | None = None
+    listing: IndexListReply | None = None
+
+    @classmethod
+    def from_wire(cls, value: Any) -> IndexLookupReply:
+        what = "index_lookup"
+        fields = _dict(value, what, ("holders", "complete", "pending", "lease"))
+        parts, size, listing = fields.get("parts"), fields.get("size"), fields.get("listing")
+        return cls(tuple(_holders(fields["holders"], what)), _bool(fields["complete"], what),
+                   _bool(fields["pending"], what), _float(fields["lease"], what),
+                   _optional_str(fields.get("home"), what), _float(fields.get("home_lease", 0.0), what),
+                   None if parts is None else _ints(parts, what), None if size is None else _int(size, what),
+                   None if listing is None else IndexListReply.from_wire(listing, what))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"holders": [holder.to_wire() for holder in self.holders], "complete": self.complete,
+                "pending": self.pending, "lease": self.lease, "home": self.home, "home_lease": self.home_lease,
+                "parts": None if self.parts is None else list(self.parts), "size": self.size,
+                "listing": None if self.listing is None else self.listing.to_wire()}
+
+
+@dataclass(frozen=True)
+class PartOk(Generic[T]):
+    """`index_part` served: the carried request's reply, and the partitions the server knows of."""
+
+    result: T
+    bitmap: tuple[int, ...]
+
+    def to_wire(self) -> list[Any]:
+        return ["ok", _to_wire(self.result), list(self.bitmap)]
+
+
+@dataclass(frozen=True)
+class PartRedirect:
+    """`index_part` refused: the name is in a partition the asked node does not serve. `bitmap`:
+    the partitions it knows of; the asker merges them into its map and asks where that says."""
+
+    bitmap: tuple[int, ...]
+
+    def to_wire(self) -> list[Any]:
+        return ["redirect", list(self.bitmap)]
+
+
+class SplitPayload(TypedDict):
+    """What `index_split` hands the server of a new partition: its names (each holder as [name,
+    node, is_dir, attr or None, replica_of, seconds since a claim or close told the home, or
+    None]), the leases on them (seconds left, by asker) and what the splitting node knew of the
+    directory (`missing` nodes, `exists`, the nodes holding it)."""
+
+    home: str
+    bitmap: list[int]
+    partition: int
+    entries: list[list[Any]]
+    missing: list[str]
+    exists: bool
+    holders: list[str]
+    negatives: dict[str, dict[str, float]]
+    listing_leases: dict[str, float]
+    child_homes: dict[str, str]
+    home_leases: dict[str, dict[str, float]]
+
+
+class IndexNameRequest(Request[R]):
+    """An index operation on one name of a directory: for a split directory, the server of the
+    partition the name hashes to answers it."""
+
+    directory: str
+    name: str
+
+
+@dataclass(frozen=True)
+class IndexLookup(IndexNameRequest[IndexLookupReply]):
+    """Every holder of `name` in `directory`, from its home. `asker` (None: nothing is leased) is
+    leased a "not found" and a subdirectory's home; `with_listing`: the whole directory too."""
+
+    op = "index_lookup"
+    directory: str
+    name: str
+    asker: str | None = None
+    with_listing: bool = False
+
+    def decode(self, value: Any) -> IndexLookupReply:
+        return IndexLookupReply.from_wire(value)
+
+
+@dataclass(frozen=True)
+class IndexClaim(IndexNameRequest[list[IndexHolder] | None]):
+    """`node` is about to create `name`: None when the name is `node`'s now, else its holders
+    (nothing claimed). `exclusive` False: a parent directory a create makes, recorded all the same."""
+
+    op = "index_claim"
+    directory: str
+    name: str
+    node: str
+    is_dir: bool = False
+    exclusive: bool = True
+
+    def decode(self, value: Any) -> list[IndexHolder] | None:
+        return None if value is None else _holders(value, self.op)
+
+
+@dataclass(frozen=True)
+class IndexSet(_NoReply, IndexNameRequest[None]):
+    """`node` holds `name` with `attr` (None: the home asks it); `asker` (default `node`) made the change."""
+
+    op = "index_set"
+    directory: str
+    name: str
+    node: str
+    attr: Attr | None
+    replica_of: str | None = None
+    is_dir: bool = False
+    asker: str | None = None
+
+
+@dataclass(frozen=True)
+class IndexDrop(_NoReply, IndexNameRequest[None]):
+    """`name` is gone from `nodes` (None: from every node); `asker` removed it."""
+
+    op = "index_drop"
+    directory: str
+    name: str
+    nodes: list[str] | None = None
+    asker: str | None = None
+
+
+@dataclass(frozen=True)
+class IndexReplace(_NoReply, IndexNameRequest[None]):
+    """After a rename to `name` (by `asker`): exactly `nodes` hold it."""
+
+    op = "index_replace"
+    directory: str
+    name: str
+    nodes: list[str]
+    is_dir: bool
+    asker: str | None = None
+
+
+@dataclass(frozen=True)
+class IndexList(Request[IndexListReply]):
+    """The whole directory from its home, leased to `asker` (None: not leased)."""
+
+    op = "index_list"
+    directory: str
+    asker: str | None = None
+
+    def decode(self, value: Any) -> IndexListReply:
+        return IndexListReply.from_wire(value, self.op)
+
+
+@dataclass(frozen=True)
+class IndexSync(_NoReply):
+    """`node`'s export changed outside the mount: `changes` are the entries of `directory` new or
+    changed there, as its listing has them ([name, attr] or [name, attr, replica_of]), and
+    [name, None] for names gone. `covered`: the partitions of a split directory the sender
+    passed them on to."""
+
+    op = "index_sync"
+    directory: str
+    node: str
+    changes: list[list[Any]]
+    covered: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class IndexForget(_NoReply):
+    """Build the indexes of the directories under `prefixes` again when next asked (`covered`: as
+    for IndexSync)."""
+
+    op = "index_forget"
+    prefixes: list[str]
+    covered: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class IndexBackup(Request[T]):
+    """`request` served by a home's backup in place of `home`, which did not answer; the reply is
+    `request`'s. On the wire: [home, request's op, request's arguments]."""
+
+    op = "index_backup"
+    home: str
+    request: Request[T]
+
+    def args(self) -> list[Any]:
+        return [self.home, self.request.op, self.request.args()]
+
+    def decode(self, value: Any) -> T:
+        return self.request.decode(value)
+
+
+@dataclass(frozen=True)
+class IndexPart(Request[PartOk[T] | PartRedirect]):
+    """`request` at the server of `partition` of a split directory, by the asker's map of its
+    partitions (`bitmap`) and its `home`. On the wire: [partition, home, bitmap, request's op,
+    request's arguments]; the reply ["ok", request's reply, bitmap] or ["redirect", bitmap]."""
+
+    op = "index_part"
+    partition: int
+    home: str
+    bitmap: list[int]
+    request: Request[T]
+
+    def args(self) -> list[Any]:
+        return [self.partition, self.home, self.bitmap, self.request.op, self.request.args()]
+
+    def decode(self, value: Any) -> PartOk[T] | PartRedirect:
+        reply = _list(value, self.op)
+        if len(reply) == 3 and reply[0] == "ok":
+            return PartOk(self.request.decode(reply[1]), _ints(reply[2], self.op))
+        if len(reply) == 2 and reply[0] == "redirect":
+            return PartRedirect(_ints(reply[1], self.op))
+        raise _malformed(self.op, value)
+
+
+@dataclass(frozen=True)
+class IndexRecords(Request[dict[str, str]]):
+    """The homes of `directory`'s subdirectories that its home keeps on the asked node, its backup:
+    `updates` applied first (a None home: removed). Name -> home."""
+
+    op = "index_records"
+    directory: str
+    updates: dict[str, str | None] | None = None
+
+    def decode(self, value: Any) -> dict[str, str]:
+        if not isinstance(value, dict):
+            raise _malformed(self.op, value)
+        return {_str(name, self.op): _str(home, self.op) for name, home in value.items()}
+
+
+@dataclass(frozen=True)
+class IndexSeed(_NoReply):
+    """`directory` was just made on `node` by a mkdir through the mount: its index starts empty."""
+
+    op = "index_seed"
+    directory: str
+    node: str | None = None
+
+
+@dataclass(frozen=True)
+class IndexAdopt(_NoReply):
+    """`directory` appeared on `node` outside the mount: its home lists it there now."""
+
+    op = "index_adopt"
+    directory: str
+    node: str
+
+
+@dataclass(frozen=True)
+class IndexSplit(_NoReply):
+    """Serve the partition of `directory` the sender split off (`payload`)."""
+
+    op = "index_split"
+    directory: str
+    payload: SplitPayload
+
+
+@dataclass(frozen=True)
+class IndexParts(_NoReply):
+    """A partition of `directory` split: the partitions known now (`bitmap`), for its `home`."""
+
+    op = "index_parts"
+    directory: str
+    home: str
+    bitmap: list[int]
+
+
+@dataclass(frozen=True)
+class IndexListdir(Request[list[DirEntry] | None]):
+    """The asked node's own entries of `directory` (as `listdir`; EFBIG: page with Opendir), for the
+    directory's `home`: the node watches it from now on and tells `home` of changes made outside
+    the mount (IndexSync)."""
+
+    op = "index_listdir"
+    directory: str
+    home: str | None = None
+
+    def decode(self, value: Any) -> list[DirEntry] | None:
+        return None if value is None else _entries(value, self.op)
+
+
+@dataclass(frozen=True)
+class IndexUnhome(_NoReply):
+    """Revoked by a home: the directories under `prefixes` are gone or moved; forget their homes,
+    listings and "not found" (`indexes`: and this node's own indexes of them)."""
+
+    op = "index_unhome"
+    prefixes: list[str]
+    indexes: bool = False
+
+
+@dataclass(frozen=True)
+class IndexUnlist(_NoReply):
+    """Revoked by its home: the listing of `directory` changed."""
+
+    op = "index_unlist"
+    directory: str
 
 
 def _all_requests() -> dict[str, type[Request[Any]]]:

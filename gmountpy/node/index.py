@@ -62,6 +62,7 @@ ENOENT for misses.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import logging
 from collections import Counter, OrderedDict
@@ -873,7 +874,9 @@ class DirectoryIndex:
 
     def _gated(self, op: str, serve: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         """`serve`, waiting while a partition of the directory splits here; a name this node does
-        not serve (any more) is refused with the partitions it knows of (_Misdirected)."""
+        not serve (any more) is refused with the partitions it knows of (_Misdirected). It keeps
+        `serve`'s signature (tests/test_messages.py matches it with the op's request type)."""
+        @functools.wraps(serve)
         async def gated(directory: str, *args: Any) -> Any:
             directory = str(directory)
             while (closed := self._closed.get(directory)) is not None:
