@@ -73,6 +73,8 @@ def _dict(value: Any, what: str, keys: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _attr(value: Any, what: str) -> Attr:
+    if type(value) is Attr:  # a node's call to itself: made by Export, never over the wire
+        return value
     if not isinstance(value, list | tuple):
         raise _malformed(what, value)
     try:
