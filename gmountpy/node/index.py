@@ -76,6 +76,7 @@ import trio
 from .. import messages as msg
 from .._trio import open_nursery
 from ..errors import PeerUnavailable
+from ..messages import DirEntry, IndexHolder, IndexListReply, IndexLookupReply, R, Request
 from .export import Attr
 from .locator import (
     ANNOUNCE_TIMEOUT,
@@ -111,10 +112,12 @@ LISTINGS_KEPT = 1024
 
 
 class Peers(Protocol):
-    """What the index needs of the peer pool (PeerPool, or a test's in-memory network)."""
+    """What the index needs of the peer pool (PeerPool, or a test's in-memory network): `ask` with
+    the typed requests of gmountpy.messages; `call` passes a node's own listing on untouched."""
 
     me: str
 
+    async def ask(self, node: str, request: Request[R], *, timeout: float | None = None) -> R: ...
     async def call(self, node: str, op: str, *args: Any, timeout: float | None = None) -> Any: ...
     def is_down(self, node: str) -> bool: ...
 
@@ -486,7 +489,7 @@ class DirectoryIndex:
         changes: list[_Change] = []
         self._building[directory] = changes
         try:
-            listings: dict[str, list[Any]] = {}
+            listings: dict[str, list[DirEntry]] = {}
             missing: list[str] = []
 
             async def fetch(node: str) -> None:
@@ -514,9 +517,7 @@ class DirectoryIndex:
             entries: _Entries = {}
             for node, listing in listings.items():
                 for entry in listing:
-                    attr = Attr.from_wire(entry[1])
-                    replica_of = str(entry[2]) if len(entry) > 2 else None
-                    entries.setdefault(str(entry[0]), {})[node] = _Holder(attr.is_dir, attr, replica_of)
+                    entries.setdefault(entry.name, {})[node] = _Holder(entry.attr.is_dir, entry.attr, entry.replica_of)
             old = self._dirs.get(directory)
             if old is not None:  # claims whose files are not on disk yet survive the rebuild
                 for name, holders in old.entries.items():
@@ -543,15 +544,13 @@ class DirectoryIndex:
             del self._built[directory]
             done.set()
 
-    async def _list(self, node: str, directory: str) -> list[Any] | None:
+    async def _list(self, node: str, directory: str) -> list[DirEntry] | None:
         try:
             # a stand-in does not ask to be told of changes: those go to the home, back soon; the
             # server of a partition has them go to the home too, which passes them on to every partition
             parts = self._parts.get(directory)
             me = None if directory in self._backing else parts.home if parts is not None else self._peers.me
-            listing: list[Any] | None = await self._peers.call(node, "index_listdir", directory, me,
-                                                               timeout=self.ask_timeout)
-            return listing
+            return await self._peers.ask(node, msg.IndexListdir(directory, me), timeout=self.ask_timeout)
         except OSError as exc:
             if exc.errno != errno.EFBIG:
                 raise
@@ -583,19 +582,18 @@ class DirectoryIndex:
                 continue
             del holders[node]
             try:
-                value = await self._peers.call(node, "lookup", path, timeout=self.ask_timeout)
+                attr = await self._peers.ask(node, msg.Lookup(path), timeout=self.ask_timeout)
             except OSError as exc:
                 log.info("holder %s of %s could not be asked for its attributes: %s", node, path, exc)
                 pending = True  # it may well have it: neither "here" nor "not here"
                 continue
             current = self._dirs.get(directory)
-            if value is None:
+            if attr is None:
                 if holder.recent(trio.current_time()):
                     pending = True  # being created right now: neither "here" nor "not here" yet
                 elif current is not None and current.entries.get(name, {}).get(node) is holder:
                     _apply(current.entries, (name, node, None))  # a create that never happened
                 continue
-            attr = Attr.from_wire(value)
             holders[node] = resolved = _Holder(attr.is_dir, attr, holder.replica_of, holder.since)
             if current is not None and current.entries.get(name, {}).get(node) is holder:
                 current.entries[name][node] = resolved
@@ -641,14 +639,14 @@ class DirectoryIndex:
         backup = self._backup_node(directory)
         if lacking and backup is not None:
             try:
-                theirs = await self._peers.call(backup, "index_records", directory, None, timeout=self.ask_timeout)
+                theirs = await self._peers.ask(backup, msg.IndexRecords(directory, None), timeout=self.ask_timeout)
             except OSError as exc:
                 log.info("backup %s could not give the homes recorded under %s: %s", backup, directory, exc)
             else:
                 records = self._child_homes.setdefault(directory, {})
                 for name in lacking:
                     if name in theirs and name not in records:
-                        records[name] = str(theirs[name])
+                        records[name] = theirs[name]
         derived = {name: self.homes.of_holders(_join(directory, name), sorted(subdirs[name]))
                    for name in subdirs if name not in records}
         records.update(derived)
@@ -662,7 +660,7 @@ class DirectoryIndex:
         if backup is None:
             return
         try:
-            await self._peers.call(backup, "index_records", directory, updates, timeout=self.ask_timeout)
+            await self._peers.ask(backup, msg.IndexRecords(directory, updates), timeout=self.ask_timeout)
         except OSError as exc:
             log.info("could not copy the homes under %s to the backup %s: %s", directory, backup, exc)
 
@@ -694,7 +692,7 @@ class DirectoryIndex:
         leases = names.pop(name, None) if names is not None else None
         if names is not None and not names:
             del self._home_leases[directory]
-        await self._tell(leases or {}, "index_unhome", [_join(directory, name)], but=None)
+        await self._tell(leases or {}, msg.IndexUnhome([_join(directory, name)]), but=None)
 
     async def op_adopt(self, directory: str, node: str) -> None:
         """`directory` appeared on `node` outside the mount (its parent's home saw it in a sync):
@@ -709,7 +707,7 @@ class DirectoryIndex:
             log.info("could not list %s on %s: %s", directory, node, exc)
             self.forget([directory])
             return
-        await self.op_sync(directory, node, listing or [])
+        await self.op_sync(directory, node, [entry.to_wire() for entry in listing or []])
 
     async def op_seed(self, directory: str, node: str | None = None) -> None:
         """`directory` was just made by a mkdir through the mount (its name was new everywhere):
@@ -732,17 +730,17 @@ class DirectoryIndex:
             self._child_homes.pop(directory, None)
         return dict(records)
 
-    async def _tell(self, leases: dict[str, float], op: str, *args: Any, but: str | None) -> None:
-        """Send `op` to every node whose lease has not expired (a revocation), `but` one."""
+    async def _tell(self, leases: dict[str, float], request: Request[None], *, but: str | None) -> None:
+        """Send `request` to every node whose lease has not expired (a revocation), `but` one."""
         now = trio.current_time()
 
         async def tell(node: str) -> None:
             self._revocations += 1
             try:
                 with trio.move_on_after(self.revoke_timeout):
-                    await self._peers.call(node, op, *args)
+                    await self._peers.ask(node, request)
             except OSError as exc:
-                log.info("could not tell %s %s%s: %s", node, op, args, exc)
+                log.info("could not tell %s %s: %s", node, request, exc)
 
         async with open_nursery() as nursery:
             for node, until in leases.items():
@@ -759,7 +757,7 @@ class DirectoryIndex:
                 await self._drop_home(directory, name)
         leases = self._listing_leases.pop(directory, None)
         if leases:
-            await self._tell(leases, "index_unlist", directory, but=but)
+            await self._tell(leases, msg.IndexUnlist(directory), but=but)
 
     async def op_lookup(self, directory: str, name: str, asker: str | None = None,
                         with_listing: bool = False) -> dict[str, Any]:
@@ -949,7 +947,7 @@ class DirectoryIndex:
             await self._revoke(directory, name, False, but=None)
         leases = self._listing_leases.pop(directory, None)
         if leases:
-            await self._tell(leases, "index_unlist", directory, but=None)
+            await self._tell(leases, msg.IndexUnlist(directory), but=None)
 
     async def _maybe_split(self, directory: str) -> None:
         """Split each partition served here that holds more than `split_entries` names: partition
@@ -999,7 +997,7 @@ class DirectoryIndex:
             del self._negatives[directory]
         records = self._child_homes.get(directory, {})
         home_leases = self._home_leases.get(directory, {})
-        payload = {
+        payload: msg.SplitPayload = {
             "home": parts.home, "bitmap": sorted(parts.bitmap), "partition": new,
             "entries": [[name, node, holder.is_dir, holder.attr, holder.replica_of,
                          None if holder.since is None else now - holder.since]
@@ -1014,18 +1012,18 @@ class DirectoryIndex:
                             for name in moved if name in home_leases},
         }
         try:
-            await self._peers.call(target, "index_split", directory, payload, timeout=self.ask_timeout)
+            await self._peers.ask(target, msg.IndexSplit(directory, payload), timeout=self.ask_timeout)
         except OSError as exc:
             # the new server lists the partition from the exports when first asked; what only this
             # node knew goes: whoever was told "not found" for those names is told to ask again
             log.info("could not hand partition %d of %s to %s: %s", new, directory, target, exc)
             for name, askers in leased.items():
-                await self._tell({node: float("inf") for node in askers}, "created", _join(directory, name),
-                                 False, but=None)
+                await self._tell({node: float("inf") for node in askers}, msg.Created(_join(directory, name), False),
+                                 but=None)
         if parts.home != self._peers.me:
             try:
-                await self._peers.call(parts.home, "index_parts", directory, parts.home, sorted(parts.bitmap),
-                                       timeout=self.ask_timeout)
+                await self._peers.ask(parts.home, msg.IndexParts(directory, parts.home, sorted(parts.bitmap)),
+                                      timeout=self.ask_timeout)
             except OSError as exc:
                 log.info("could not tell %s, the home of %s, of its partition %d: %s", parts.home, directory, new, exc)
 
@@ -1076,11 +1074,12 @@ class DirectoryIndex:
             leases = self._home_leases.setdefault(directory, {}).setdefault(str(name), {})
             leases.update({str(node): now + float(left) for node, left in askers.items()})
 
-    async def _pass_on(self, directory: str, parts: _Parts, op: str, args: list[Any],
+    async def _pass_on(self, directory: str, parts: _Parts, change: msg.IndexSync | msg.IndexForget,
                        covered: list[int] | None) -> None:
-        """Send `op` to the servers of the partitions this node knows of and the sender did not
-        (`covered`, the sender's bitmap): from the home to every partition it knows, and from
-        the server of a partition to the ones it split off and has not told the home of yet."""
+        """Send `change` (its `covered`: this node's bitmap) to the servers of the partitions this
+        node knows of and the sender did not (`covered`, the sender's bitmap): from the home to
+        every partition it knows, and from the server of a partition to the ones it split off and
+        has not told the home of yet."""
         skip = {int(p) for p in covered or ()}
         targets: dict[str, int] = {}
         for partition in sorted(parts.bitmap - skip):
@@ -1091,13 +1090,13 @@ class DirectoryIndex:
 
         async def send(server: str, partition: int) -> None:
             try:
-                if op == "index_sync":
-                    await self._peers.call(server, "index_part", partition, parts.home, bitmap, op, [*args, bitmap],
-                                           timeout=self.ask_timeout)
+                if isinstance(change, msg.IndexSync):
+                    await self._peers.ask(server, msg.IndexPart(partition, parts.home, bitmap, change),
+                                          timeout=self.ask_timeout)
                 else:
-                    await self._peers.call(server, op, *args, bitmap, timeout=self.ask_timeout)
+                    await self._peers.ask(server, change, timeout=self.ask_timeout)
             except OSError as exc:
-                log.info("could not pass %s of %s on to %s: %s", op, directory, server, exc)
+                log.info("could not pass %s of %s on to %s: %s", change.op, directory, server, exc)
 
         async with open_nursery() as nursery:
             for server, partition in targets.items():
@@ -1147,12 +1146,11 @@ class DirectoryIndex:
 
         async def ask(node: str) -> None:
             try:
-                value = await self._peers.call(node, "lookup", path, timeout=self.ask_timeout)
+                attr = await self._peers.ask(node, msg.Lookup(path), timeout=self.ask_timeout)
             except OSError as exc:
                 log.info("could not ask %s whether it holds %s: %s", node, path, exc)
                 return
-            if value is not None:
-                attr = Attr.from_wire(value)
+            if attr is not None:
                 self._change(directory, (name, node, _Holder(attr.is_dir, attr)))
                 found.append([node, attr, None])
 
@@ -1220,7 +1218,8 @@ class DirectoryIndex:
         """
         parts = self._parts.get(directory)
         if parts is not None:
-            await self._pass_on(directory, parts, "index_sync", [directory, node, changes], covered)
+            await self._pass_on(directory, parts, msg.IndexSync(directory, node, changes, sorted(parts.bitmap)),
+                                covered)
             changes = [entry for entry in changes if self._mine(directory, str(entry[0]))]
         current = self._dirs.get(directory)
         if current is None and directory not in self._building:
@@ -1269,7 +1268,7 @@ class DirectoryIndex:
         for name in appeared:
             child, home = _join(directory, name), self._child_homes[directory][name]
             try:
-                await self._peers.call(home, "index_adopt", child, node, timeout=self.ask_timeout)
+                await self._peers.ask(home, msg.IndexAdopt(child, node), timeout=self.ask_timeout)
             except OSError as exc:
                 log.info("could not tell %s, the home of %s, that it appeared on %s: %s", home, child, node, exc)
 
@@ -1281,7 +1280,7 @@ class DirectoryIndex:
         self.forget(prefixes)
         for directory, parts in list(self._parts.items()):
             if any(_under(directory, prefix) for prefix in prefixes):
-                await self._pass_on(directory, parts, "index_forget", [[directory]], covered)
+                await self._pass_on(directory, parts, msg.IndexForget([directory], sorted(parts.bitmap)), covered)
 
     def forget(self, prefixes: list[str]) -> None:
         for directory in list(self._dirs):
@@ -1304,7 +1303,7 @@ class DirectoryIndex:
             leases = {node: float("inf") for node in self.order if node != self._peers.me}
         if not leases:
             return
-        await self._tell(leases, "created", _join(directory, name), is_dir, but=but)
+        await self._tell(leases, msg.Created(_join(directory, name), is_dir), but=but)
 
 
 def _same_but_atime(before: _Holder | None, after: _Holder) -> bool:
@@ -1367,27 +1366,29 @@ class ExportWatcher:
 
     async def _mtime(self, directory: str) -> int | None:
         try:
-            value = await self._peers.call(self._peers.me, "lookup", directory)
+            attr = await self._peers.ask(self._peers.me, msg.Lookup(directory))
         except OSError:
             return None
-        return None if value is None else Attr.from_wire(value).mtime_ns
+        return None if attr is None else attr.mtime_ns
 
     async def op_listdir(self, directory: str, home: str | None = None) -> list[Any] | None:
         """This node's listing of `directory` for its home, which is watched from now on (EFBIG
         when it needs paging: the home pages through it, and it is watched all the same).
         Changes go to `home`, the node that asked (homes other than the root's are not computable)."""
         mtime = await self._mtime(directory)  # before listing: a change meanwhile shows at the next scan
+        request = msg.Listdir(directory)
         try:
-            listing: list[Any] | None = await self._peers.call(self._peers.me, "listdir", directory)
+            # the reply as the service gave it, passed on untouched (a node's own call: no socket)
+            listing: list[Any] | None = await self._peers.call(self._peers.me, request.op, *request.args())
         except OSError as exc:
             if exc.errno != errno.EFBIG:
                 raise
             self._watch(directory, mtime, await _list_whole(self._peers, self._peers.me, directory), home)
             raise
-        self._watch(directory, mtime, listing, home)
+        self._watch(directory, mtime, request.decode(listing), home)
         return listing
 
-    def _watch(self, directory: str, mtime: int | None, listing: list[Any] | None, home: str | None) -> None:
+    def _watch(self, directory: str, mtime: int | None, listing: list[DirEntry] | None, home: str | None) -> None:
         """Watch `directory` from here on: its home was told `listing`, as of `mtime`."""
         self._seen[directory] = mtime
         self._seen.move_to_end(directory)
@@ -1419,11 +1420,11 @@ class ExportWatcher:
                 continue
             listed = _told(listing or [])
             before = self._told.get(directory, {})
-            changes = ([entry for entry in listing or [] if before.get(str(entry[0])) != listed[str(entry[0])]]
+            changes = ([entry.to_wire() for entry in listing or [] if before.get(entry.name) != listed[entry.name]]
                        + [[name, None] for name in before if name not in listed])
             if changes:
                 try:
-                    await self._peers.call(home, "index_sync", directory, self._peers.me, changes)
+                    await self._peers.ask(home, msg.IndexSync(directory, self._peers.me, changes))
                 except OSError as exc:
                     log.info("could not tell home %s of changes in %s: %s", home, directory, exc)
                     continue  # tried again at the next scan
@@ -1439,32 +1440,30 @@ class ExportWatcher:
         return sent
 
 
-async def _list_whole(peers: Peers, node: str, directory: str) -> list[Any] | None:
+async def _list_whole(peers: Peers, node: str, directory: str) -> list[DirEntry] | None:
     """`node`'s entries of `directory` (None: it has no such directory), in pages when too many
     for one reply."""
     try:
-        listing: list[Any] | None = await peers.call(node, "listdir", directory)
-        return listing
+        return await peers.ask(node, msg.Listdir(directory))
     except OSError as exc:
         if exc.errno != errno.EFBIG:
             raise
     return await _list_in_pages(peers, node, directory)
 
 
-async def _list_in_pages(peers: Peers, node: str, directory: str) -> list[Any] | None:
-    opened = await peers.call(node, "opendir", directory)
+async def _list_in_pages(peers: Peers, node: str, directory: str) -> list[DirEntry] | None:
+    opened = await peers.ask(node, msg.Opendir(directory))
     if opened is None:
         return None
-    handle, count = opened
-    entries: list[Any] = []
+    entries: list[DirEntry] = []
     try:
-        while len(entries) < count:
-            page = await peers.call(node, "readdir", handle, len(entries), _PAGE)
+        while len(entries) < opened.count:
+            page = await peers.ask(node, msg.Readdir(opened.handle, len(entries), _PAGE))
             if not page:
                 break
             entries.extend(page)
     finally:
-        await peers.call(node, "closedir", handle)
+        await peers.ask(node, msg.Closedir(opened.handle))
     return entries
 
 
@@ -1473,11 +1472,11 @@ async def _list_in_pages(peers: Peers, node: str, directory: str) -> list[Any] |
 _Told = tuple[tuple[int, ...], str | None]
 
 
-def _told(listing: list[Any]) -> dict[str, _Told]:
+def _told(listing: list[DirEntry]) -> dict[str, _Told]:
     result: dict[str, _Told] = {}
     for entry in listing:
-        attr = tuple(entry[1])
-        result[str(entry[0])] = (attr[:5] + attr[6:], str(entry[2]) if len(entry) > 2 else None)
+        attr = entry.attr
+        result[entry.name] = (attr[:5] + attr[6:], entry.replica_of)
     return result
 
 
@@ -1604,22 +1603,22 @@ class IndexLocator:
 
     # -- talking to homes --------------------------------------------------------
 
-    async def _home_call(self, home: str, op: str, *args: Any) -> Any:
+    async def _home_call(self, home: str, request: Request[R]) -> R:
         """One request to a home; first the rebuilds it is owed (changes made while it was away)."""
         if home != self._peers.me:
             self._remote += 1
         owed = self._owed.get(home)
         if owed:
-            await self._peers.call(home, "index_forget", sorted(owed))
+            await self._peers.ask(home, msg.IndexForget(sorted(owed)))
             self._owed.pop(home, None)
-        return await self._peers.call(home, op, *args)
+        return await self._peers.ask(home, request)
 
-    async def _dir_call(self, directory: str, op: str, *args: Any) -> Any:
-        """`op` at the home of `directory`, or at its backup when the home does not answer.
+    async def _dir_call(self, directory: str, request: Request[R]) -> R:
+        """`request` at the home of `directory`, or at its backup when the home does not answer.
         Raises PeerUnavailable when neither answers (or the home cannot be found)."""
-        return (await self._dir_call_via(directory, op, *args))[0]
+        return (await self._dir_call_via(directory, request))[0]
 
-    async def _dir_call_via(self, directory: str, op: str, *args: Any) -> tuple[Any, str | None]:
+    async def _dir_call_via(self, directory: str, request: Request[R]) -> tuple[R, str | None]:
         """`_dir_call`, and the home the backup stood in for (None: the home answered).
 
         A name of a split directory goes to the server of its partition by this node's map of
@@ -1628,42 +1627,41 @@ class IndexLocator:
         (a plain request to the home: ESTALE, then the home is asked for them), and the name
         is asked again where the merged map says; a partition's server that does not answer
         is PeerUnavailable (the caller asks every node instead)."""
-        if op not in _NAME_OPS:
-            return await self._home_call_via(directory, op, *args)
-        hashed = name_hash(str(args[1]))
+        if not isinstance(request, msg.IndexNameRequest):
+            return await self._home_call_via(directory, request)
+        hashed = name_hash(request.name)
         for _ in range(_MAX_HOPS):
             bitmap = self._parts.get(directory)
             if bitmap is None:
                 try:
-                    reply, stood_in_for = await self._home_call_via(directory, op, *args)
+                    reply, stood_in_for = await self._home_call_via(directory, request)
                 except OSError as exc:
                     if isinstance(exc, PeerUnavailable) or exc.errno != errno.ESTALE:
                         raise
                     self._redirected += 1
                     self._parts[directory] = frozenset({0})  # split: the home tells how, at the next hop
                     continue
-                if isinstance(reply, dict) and reply.get("parts"):
-                    self._learn_parts(directory, reply["parts"])
+                if isinstance(reply, IndexLookupReply) and reply.parts:
+                    self._learn_parts(directory, reply.parts)
                 return reply, stood_in_for
-            answer = await self._part_call(directory, partition_of(hashed, bitmap), bitmap, op, list(args))
-            if answer[0] == "ok":
-                self._learn_parts(directory, answer[2])
-                return answer[1], None
+            answer = await self._part_call(directory, partition_of(hashed, bitmap), bitmap, request)
+            if isinstance(answer, msg.PartOk):
+                self._learn_parts(directory, answer.bitmap)
+                return answer.result, None
             self._redirected += 1
-            self._learn_parts(directory, answer[1])
+            self._learn_parts(directory, answer.bitmap)
         raise PeerUnavailable(await self._home_node(directory), f"the partitions of {directory} still redirected "
-                                                                 f"{args[1]!r} after {_MAX_HOPS} hops")
+                                                                 f"{request.name!r} after {_MAX_HOPS} hops")
 
-    async def _part_call(self, directory: str, partition: int, bitmap: Collection[int], op: str,
-                         args: list[Any]) -> list[Any]:
-        """`op` at the server of `partition` of a split directory (no backup: PeerUnavailable)."""
+    async def _part_call(self, directory: str, partition: int, bitmap: Collection[int],
+                         request: Request[R]) -> msg.PartOk[R] | msg.PartRedirect:
+        """`request` at the server of `partition` of a split directory (no backup: PeerUnavailable)."""
         home = await self._home_node(directory)
         server = home if partition == 0 else self.homes.of_partition(directory, partition)
         try:
-            answer: list[Any] = await self._home_call(server, "index_part", partition, home, sorted(bitmap), op, args)
-            return answer
+            return await self._home_call(server, msg.IndexPart(partition, home, sorted(bitmap), request))
         except PeerUnavailable:
-            if op != "index_lookup" and op != "index_list":
+            if not isinstance(request, msg.IndexLookup | msg.IndexList):
                 self._owe(server, directory)  # a change it misses: it lists its partitions again when back
             raise
 
@@ -1675,14 +1673,14 @@ class IndexLocator:
         if len(self._parts) > self._max:
             self._parts.pop(next(iter(self._parts)))
 
-    async def _home_call_via(self, directory: str, op: str, *args: Any) -> tuple[Any, str | None]:
-        """`op` at the home of `directory`, or at its backup when the home does not answer; and the
-        home the backup stood in for (None: the home answered)."""
+    async def _home_call_via(self, directory: str, request: Request[R]) -> tuple[R, str | None]:
+        """`request` at the home of `directory`, or at its backup when the home does not answer; and
+        the home the backup stood in for (None: the home answered)."""
         home = await self._home_node(directory)
         failure: PeerUnavailable
         if not self._peers.is_down(home):
             try:
-                return await self._home_call(home, op, *args), None
+                return await self._home_call(home, request), None
             except PeerUnavailable as exc:
                 failure = exc
         else:
@@ -1690,14 +1688,14 @@ class IndexLocator:
         backup = self.homes.backup(directory, home)
         if backup is None or backup == home:
             raise failure
-        if op != "index_lookup" and op != "index_list":
+        if not isinstance(request, msg.IndexLookup | msg.IndexList):
             self._owe(home, directory)  # a change the home misses: it lists the directory again when back
         self._takeovers += 1
         if backup != self._peers.me:
             self._remote += 1
-        log.info("asking %s for %s of %s in place of its home %s: %s", backup, op, directory, home, failure)
+        log.info("asking %s for %s of %s in place of its home %s: %s", backup, request.op, directory, home, failure)
         try:
-            return await self._peers.call(backup, "index_backup", home, op, list(args)), home
+            return await self._peers.ask(backup, msg.IndexBackup(home, request)), home
         except PeerUnavailable as exc:
             raise PeerUnavailable(home, f"{failure.reason}; its backup {backup} did not answer either "
                                         f"({exc.reason})") from exc
@@ -1727,23 +1725,24 @@ class IndexLocator:
             return _Home(*cached)
         parent, name = split_parent(directory)
         revoked = self._revoked
-        reply = await self._dir_call(parent, "index_lookup", parent, name, self._peers.me)
-        self._note_home(directory, reply, now, revoked)
-        if reply.get("home") is not None:
-            return _Home(str(reply["home"]), now + float(reply["home_lease"]))
-        if reply["pending"] or not reply["complete"]:
+        reply = await self._dir_call(parent, msg.IndexLookup(parent, name, self._peers.me))
+        self._note_home(directory, reply.home, reply.home_lease, now, revoked)
+        if reply.home is not None:
+            return _Home(reply.home, now + reply.home_lease)
+        if reply.pending or not reply.complete:
             return _Home(None, 0.0, definite=False)
-        if reply["holders"]:
+        if reply.holders:
             return _Home(None, 0.0)  # a file: nothing is in it, but that is not leased
         # no such directory, for as long as the parent's home leases that "not found" (and its
         # parent's home lease, if any: the "not found" came from that home)
-        return _Home(None, min(now + float(reply["lease"]), self._home_expiry(parent)))
+        return _Home(None, min(now + reply.lease, self._home_expiry(parent)))
 
-    def _note_home(self, directory: str, reply: dict[str, Any], sent: float, revoked: int) -> None:
-        home, lease = reply.get("home"), float(reply.get("home_lease") or 0.0)
+    def _note_home(self, directory: str, home: str | None, lease: float, sent: float, revoked: int) -> None:
+        """Keep `directory`'s home, leased for `lease` seconds from `sent` (unless a revocation came
+        since the answer was asked for: `revoked` as it was then)."""
         if home is None or lease <= 0 or revoked != self._revoked:
             return
-        self._homes[directory] = (str(home), sent + lease)
+        self._homes[directory] = (home, sent + lease)
         self._homes.move_to_end(directory)
         if len(self._homes) > self._max:
             self._homes.popitem(last=False)
@@ -1774,7 +1773,7 @@ class IndexLocator:
             if not directories or self._peers.is_down(home):
                 continue
             try:
-                await self._peers.call(home, "index_forget", sorted(directories))
+                await self._peers.ask(home, msg.IndexForget(sorted(directories)))
             except OSError as exc:
                 log.info("home %s still misses changes under %s: %s", home, sorted(directories), exc)
                 continue
@@ -1783,7 +1782,7 @@ class IndexLocator:
 
     async def _local(self, path: str) -> Location | None:
         """This node's own export (no message): the file itself, or a still-valid staged replica."""
-        reply = msg.Locate(path).decode(await self._peers.call(self._peers.me, "locate", path))
+        reply = await self._peers.ask(self._peers.me, msg.Locate(path))
         if reply is None:
             return None
         if reply.replica is None:
@@ -1852,17 +1851,17 @@ class IndexLocator:
         except PeerUnavailable as exc:
             return await self._fall_back(path, f"the home of {directory} and its backup are unreachable "
                                                f"({exc.reason})")
-        self._note_home(path, reply, sent, revoked)
-        found = self._nearest(reply["holders"])
-        self._streak(directory, found is not None and not reply.get("parts")
-                     and (reply.get("size") or LIST_AHEAD_MAX + 1) <= LIST_AHEAD_MAX)
+        self._note_home(path, reply.home, reply.home_lease, sent, revoked)
+        found = self._nearest(reply.holders)
+        self._streak(directory, found is not None and not reply.parts
+                     and (reply.size or LIST_AHEAD_MAX + 1) <= LIST_AHEAD_MAX)
         if found is not None:
             return await self._from_holder_if_linked(path, found)
-        if reply["pending"]:
+        if reply.pending:
             raise AbsentForNow(errno.ENOENT, f"{path} is being created (home {home})")
-        if not reply["complete"]:
+        if not reply.complete:
             return await self._fall_back(path, f"the home {home} could not list {directory} on every node")
-        lease = float(reply["lease"])
+        lease = reply.lease
         until = min(sent + lease, self._home_expiry(directory))  # no longer than this home is its home
         if lease > 0 and until - sent > 0 and not flight.stale:
             self._remember_negative(path, until)
@@ -1871,20 +1870,17 @@ class IndexLocator:
         return None
 
     async def _lookup_at_home(self, directory: str, name: str, sent: float, revoked: int, *,
-                              ahead: bool) -> dict[str, Any]:
+                              ahead: bool) -> IndexLookupReply:
         """`index_lookup` at the directory's home; `ahead`: with the whole listing, kept under its
         lease unless a change here or a revocation came meanwhile (`sent`, `revoked`: as then)."""
         if not ahead:
-            result: dict[str, Any] = await self._dir_call(directory, "index_lookup", directory, name,
-                                                          self._peers.me, False)
-            return result
+            return await self._dir_call(directory, msg.IndexLookup(directory, name, self._peers.me, False))
         self._listing_stale.setdefault(directory, False)
         try:
-            reply: dict[str, Any] = await self._dir_call(directory, "index_lookup", directory, name,
-                                                         self._peers.me, True)
-            if reply.get("listing") is not None:
+            reply = await self._dir_call(directory, msg.IndexLookup(directory, name, self._peers.me, True))
+            if reply.listing is not None:
                 self._lists_ahead += 1
-                self._keep_listing(directory, reply["listing"], sent, revoked)
+                self._keep_listing(directory, reply.listing, sent, revoked)
         finally:
             self._listing_stale.pop(directory, None)
         if directory not in self._listings:  # not leased (a backup answered, a change meanwhile, ...)
@@ -1948,19 +1944,19 @@ class IndexLocator:
             raise AbsentForNow(errno.ENOENT, f"no node holds {path} ({why}; every node was asked)")
         return found
 
-    def _nearest(self, holders: list[list[Any]]) -> Location | None:
+    def _nearest(self, holders: Sequence[IndexHolder]) -> Location | None:
         """The nearest holder this node does not know to be down. Raises PeerUnavailable (EIO) when
         every holder is known to be down: the file exists but cannot be reached, it is not absent."""
         best: Location | None = None
         down: str | None = None
         for node, attr, replica_of in holders:
-            if replica_of is not None or attr is None:
-                continue  # a replica serves only its own node (asked first); no attributes: pending
-            if self._peers.is_down(str(node)):
-                down = str(node)
+            if replica_of is not None:
+                continue  # a replica serves only its own node (asked first)
+            if self._peers.is_down(node):
+                down = node
                 continue
-            if best is None or self.rank(str(node)) < self.rank(best.node):
-                best = Location(str(node), Attr.from_wire(attr))
+            if best is None or self.rank(node) < self.rank(best.node):
+                best = Location(node, attr)
         if best is None and down is not None:
             raise PeerUnavailable(down, "it holds the file but is down; try again when it is back")
         return best
@@ -1979,14 +1975,14 @@ class IndexLocator:
             return []
         directory, name = split_parent(path)
         try:
-            reply = await self._dir_call(directory, "index_lookup", directory, name, None)
+            reply: IndexLookupReply | None = await self._dir_call(directory, msg.IndexLookup(directory, name, None))
         except PeerUnavailable:
             reply = None
-        if reply is None or not reply["complete"] or reply["pending"] or \
-                any(replica_of is not None for _, _, replica_of in reply["holders"]):
+        if reply is None or not reply.complete or reply.pending or \
+                any(holder.replica_of is not None for holder in reply.holders):
             self._fallbacks += 1
             return await self._flood.find_all(path, strict=strict)
-        found = [Location(str(node), Attr.from_wire(attr)) for node, attr, _ in reply["holders"]]
+        found = [Location(holder.node, holder.attr) for holder in reply.holders]
         if local is not None and local.replica_of is None and all(loc.node != local.node for loc in found):
             found.append(local)
         return sorted(found, key=lambda loc: self.rank(loc.node))
@@ -2010,8 +2006,8 @@ class IndexLocator:
     async def _ask_listing(self, directory: str, now: float, revoked: int) -> list[tuple[str, list[Location]]] | None:
         """`listing` past the cache: one `index_list` (one per partition of a split directory)."""
         try:
-            reply = await self._dir_call(directory, "index_list", directory, self._peers.me)
-            if reply.get("parts"):
+            reply = await self._dir_call(directory, msg.IndexList(directory, self._peers.me))
+            if reply.parts:
                 reply = await self._list_partitions(directory, reply)
         except PeerUnavailable as exc:
             self._fallbacks += 1
@@ -2021,34 +2017,32 @@ class IndexLocator:
             if exc.errno != errno.EFBIG:
                 raise
             return None  # too big for one reply: every node pages through its own
-        if not reply["complete"]:
+        if not reply.complete:
             self._fallbacks += 1
             return None
-        if not reply["exists"]:
+        if not reply.exists:
             raise FileNotFoundError(errno.ENOENT, f"no node holds {directory}")
         return self._keep_listing(directory, reply, now, revoked) or []
 
-    def _keep_listing(self, directory: str, reply: dict[str, Any], now: float,
+    def _keep_listing(self, directory: str, reply: IndexListReply, now: float,
                       revoked: int) -> list[tuple[str, list[Location]]] | None:
         """A home's listing as entries, kept under its lease unless a revocation or a change here
         came since it was asked for (`now`, `revoked`: as they were then; `_listing_stale`). None when
         it is not complete (the home could not list every node)."""
-        if not reply["complete"]:
+        if not reply.complete:
             return None
         entries: list[tuple[str, list[Location]]] = []
-        for name, holders, home in reply["entries"]:
+        for name, holders, home in reply.entries:
             # as the search lists: what is reachable (a holder known to be down is left out), and
             # staged replicas only on their own node
-            locations = [Location(str(node), Attr.from_wire(attr), None if replica_of is None else str(replica_of))
-                         for node, attr, replica_of in holders
-                         if (replica_of is None or node == self._peers.me) and not self._peers.is_down(str(node))]
+            locations = [Location(node, attr, replica_of) for node, attr, replica_of in holders
+                         if (replica_of is None or node == self._peers.me) and not self._peers.is_down(node)]
             if not locations:
                 continue
-            entries.append((str(name), sorted(locations, key=lambda loc: self.rank(loc.node))))
+            entries.append((name, sorted(locations, key=lambda loc: self.rank(loc.node))))
             if home is not None:
-                self._note_home(_join(directory, str(name)), {"home": home, "home_lease": reply["home_lease"]},
-                                now, revoked)
-        lease = float(reply["lease"])
+                self._note_home(_join(directory, name), home, reply.home_lease, now, revoked)
+        lease = reply.lease
         stale = self._listing_stale.pop(directory, True)  # a second listing in flight: not kept either
         if lease > 0 and revoked == self._revoked and not stale:
             if len(self._listings) >= LISTINGS_KEPT and directory not in self._listings:
@@ -2060,13 +2054,13 @@ class IndexLocator:
             self._listings[directory] = (entries, dict(entries), now + lease)
         return entries
 
-    async def _list_partitions(self, directory: str, first: dict[str, Any]) -> dict[str, Any]:
+    async def _list_partitions(self, directory: str, first: IndexListReply) -> IndexListReply:
         """A split directory's listing: the home's (`first`) and every other partition server's,
         asked in parallel (one round trip each; more rounds only for partitions learnt from
         their replies). Complete and leased only when every part is."""
         home = await self._home_node(directory)
-        self._learn_parts(directory, first["parts"])
-        replies: dict[str, dict[str, Any]] = {home: first}
+        self._learn_parts(directory, first.parts or ())
+        replies: dict[str, IndexListReply] = {home: first}
         for _ in range(_MAX_HOPS):
             bitmap = sorted(self._parts.get(directory, frozenset({0})))
             wanted: dict[str, int] = {}
@@ -2078,11 +2072,11 @@ class IndexLocator:
                 break
 
             async def ask(server: str, partition: int, bitmap: list[int]) -> None:
-                answer = await self._home_call(server, "index_part", partition, home, bitmap, "index_list",
-                                               [directory, self._peers.me])
-                self._learn_parts(directory, answer[-1])
-                if answer[0] == "ok":
-                    replies[server] = answer[1]
+                answer = await self._home_call(server, msg.IndexPart(partition, home, bitmap,
+                                                                     msg.IndexList(directory, self._peers.me)))
+                self._learn_parts(directory, answer.bitmap)
+                if isinstance(answer, msg.PartOk):
+                    replies[server] = answer.result
 
             async with open_nursery() as nursery:
                 for server, partition in wanted.items():
@@ -2090,10 +2084,10 @@ class IndexLocator:
         else:
             raise PeerUnavailable(home, f"the partitions of {directory} did not settle")
         parts = list(replies.values())
-        return {"entries": [row for reply in parts for row in reply["entries"]],
-                "complete": all(reply["complete"] for reply in parts),
-                "exists": any(reply["exists"] for reply in parts),
-                "lease": min(float(reply["lease"]) for reply in parts), "home_lease": first["home_lease"]}
+        return IndexListReply(tuple(row for reply in parts for row in reply.entries),
+                              complete=all(reply.complete for reply in parts),
+                              exists=any(reply.exists for reply in parts),
+                              lease=min(reply.lease for reply in parts), home_lease=first.home_lease)
 
     # -- changes -------------------------------------------------------------------
 
@@ -2102,7 +2096,7 @@ class IndexLocator:
         missing: list[str] = []
         directory = split_parent(path)[0]
         while directory != "/":
-            if await self._peers.call(self._peers.me, "lookup", directory) is not None:
+            if await self._peers.ask(self._peers.me, msg.Lookup(directory)) is not None:
                 break
             missing.append(directory)
             directory = split_parent(directory)[0]
@@ -2119,13 +2113,13 @@ class IndexLocator:
             missing = await self._ancestors_missing_here(path)
             for parent in missing:
                 directory, name = split_parent(parent)
-                await self._dir_call(directory, "index_claim", directory, name, self._peers.me, True, False)
+                await self._dir_call(directory, msg.IndexClaim(directory, name, self._peers.me, True, False))
             directory, name = split_parent(path)
             for _ in range(20):
                 try:
                     sent, revoked = trio.current_time(), self._revoked
-                    others, stood_in_for = await self._dir_call_via(directory, "index_claim", directory, name,
-                                                                    self._peers.me, is_dir, True)
+                    others, stood_in_for = await self._dir_call_via(
+                        directory, msg.IndexClaim(directory, name, self._peers.me, is_dir, True))
                     break
                 except OSError as exc:
                     if isinstance(exc, PeerUnavailable) or exc.errno != errno.EAGAIN:
@@ -2136,7 +2130,7 @@ class IndexLocator:
         except PeerUnavailable as exc:
             return await self._claim_by_search(path, exc)
         if others:
-            found = self._nearest(others) or Location(str(others[0][0]), Attr.from_wire(others[0][1]))
+            found = self._nearest(others) or Location(others[0].node, others[0].attr)
             self.learn(path, found)  # the create opens it next: not from a "not found" cached before
             return found
         if stood_in_for is not None:
@@ -2144,8 +2138,7 @@ class IndexLocator:
             if held is not None:
                 return held
         if is_dir and self.homes.central is None:
-            self._note_home(path, {"home": self.homes.of_creator(path, self._peers.me),
-                                   "home_lease": self.home_lease}, sent, revoked)
+            self._note_home(path, self.homes.of_creator(path, self._peers.me), self.home_lease, sent, revoked)
         for parent in missing:
             await self._watch_here(parent)
         self._claimed.add(path)
@@ -2157,7 +2150,7 @@ class IndexLocator:
         ExportWatcher send files copied into it later to its home (no home lists it here)."""
         try:
             home = await self._home_node(directory)
-            await self._peers.call(self._peers.me, "index_listdir", directory, home)
+            await self._peers.ask(self._peers.me, msg.IndexListdir(directory, home))
         except OSError as exc:
             log.info("%s will not be watched for files copied in: %s", directory, exc)
 
@@ -2171,7 +2164,7 @@ class IndexLocator:
         if last is None or last == self._peers.me:
             return None
         try:
-            held = await self._peers.call(last, "lookup", path)
+            held = await self._peers.ask(last, msg.Lookup(path))
         except PeerUnavailable as exc:
             await self.withdraw_claim(path)
             raise PeerUnavailable(last, f"it held {path} when last seen and cannot be asked now (the home "
@@ -2179,7 +2172,7 @@ class IndexLocator:
         if held is None:
             return None
         await self.withdraw_claim(path)
-        found = Location(last, Attr.from_wire(held))
+        found = Location(last, held)
         self.learn(path, found)
         return found
 
@@ -2207,7 +2200,7 @@ class IndexLocator:
         self._homes.pop(path, None)
         directory, name = split_parent(path)
         try:
-            await self._dir_call(directory, "index_drop", directory, name, [self._peers.me])
+            await self._dir_call(directory, msg.IndexDrop(directory, name, [self._peers.me]))
         except OSError as exc:
             log.info("could not withdraw the claim on %s at the home of %s: %s", path, directory, exc)
             self._owe_home_of(directory)
@@ -2227,8 +2220,8 @@ class IndexLocator:
             return
         directory, name = split_parent(path)
         try:
-            await self._dir_call(directory, "index_set", directory, name, self._peers.me,
-                                 None if location is None else location.attr, None, is_dir)
+            await self._dir_call(directory, msg.IndexSet(directory, name, self._peers.me,
+                                                         None if location is None else location.attr, None, is_dir))
         except OSError as exc:
             log.info("could not record %s at the home of %s: %s; telling every node", path, directory, exc)
             self._owe_home_of(directory)
@@ -2242,8 +2235,8 @@ class IndexLocator:
             return
         try:
             # this export's copy is watched like a listed one (files copied into it reach the home)
-            await self._peers.call(self._peers.me, "index_listdir", directory, cached[0])
-            await self._home_call(cached[0], "index_seed", directory, self._peers.me)
+            await self._peers.ask(self._peers.me, msg.IndexListdir(directory, cached[0]))
+            await self._home_call(cached[0], msg.IndexSeed(directory, self._peers.me))
         except OSError as exc:
             log.info("could not tell %s that the new directory %s is empty: %s", cached[0], directory, exc)
 
@@ -2251,8 +2244,8 @@ class IndexLocator:
         directory, name = split_parent(path)
         self._drop_listing(directory)  # not revoked by the home: this node is the asker
         try:
-            await self._dir_call(directory, "index_set", directory, name, location.node, location.attr,
-                                 location.replica_of, location.attr.is_dir, self._peers.me)
+            await self._dir_call(directory, msg.IndexSet(directory, name, location.node, location.attr,
+                                                         location.replica_of, location.attr.is_dir, self._peers.me))
         except OSError as exc:
             log.info("could not record the change of %s at the home of %s: %s", path, directory, exc)
             self._owe_home_of(directory)
@@ -2268,13 +2261,13 @@ class IndexLocator:
             self._forget_homes([path])
         self._drop_listing(directory)  # not revoked by the home: this node is the asker
         try:
-            await self._dir_call(directory, "index_drop", directory, name, nodes, self._peers.me)
+            await self._dir_call(directory, msg.IndexDrop(directory, name, nodes, self._peers.me))
         except OSError as exc:
             log.info("could not record the removal of %s at the home of %s: %s", path, directory, exc)
             self._owe_home_of(directory)
         if own_home is not None:
             try:
-                await self._home_call(own_home, "index_forget", [path])
+                await self._home_call(own_home, msg.IndexForget([path]))
             except OSError as exc:
                 log.info("could not tell %s, the home of %s, that it is gone: %s", own_home, path, exc)
                 self._owe(own_home, path)
@@ -2287,12 +2280,12 @@ class IndexLocator:
         self._drop_listing(src_dir)  # not revoked by their homes: this node is the asker
         self._drop_listing(dst_dir)
         try:
-            await self._dir_call(src_dir, "index_drop", src_dir, src_name, None, self._peers.me)
+            await self._dir_call(src_dir, msg.IndexDrop(src_dir, src_name, None, self._peers.me))
         except OSError as exc:
             log.info("could not record the rename of %s: %s", src, exc)
             self._owe_home_of(src_dir)
         try:
-            await self._dir_call(dst_dir, "index_replace", dst_dir, dst_name, holders, is_dir, self._peers.me)
+            await self._dir_call(dst_dir, msg.IndexReplace(dst_dir, dst_name, holders, is_dir, self._peers.me))
         except OSError as exc:
             log.info("could not record the rename to %s: %s; telling every node", dst, exc)
             self._owe_home_of(dst_dir)
@@ -2309,7 +2302,7 @@ class IndexLocator:
             except PeerUnavailable:
                 continue
             try:
-                await self._home_call(home, "index_forget", [directory])
+                await self._home_call(home, msg.IndexForget([directory]))
             except OSError:
                 self._owe(home, directory)
         self._forget_cached(paths)
@@ -2319,7 +2312,7 @@ class IndexLocator:
             try:
                 if node != self._peers.me:
                     self._remote += 1
-                await self._peers.call(node, "index_unhome", prefixes, True)
+                await self._peers.ask(node, msg.IndexUnhome(prefixes, True))
             except OSError as exc:
                 log.info("could not tell %s to forget the homes and indexes under %s: %s", node, prefixes, exc)
 

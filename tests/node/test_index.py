@@ -37,6 +37,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from gmountpy import Cluster as ApiCluster
 from gmountpy import launch, rpc
+from gmountpy import messages as msg
 from gmountpy.errors import GmountError, PeerUnavailable
 from gmountpy.node import index as index_module
 from gmountpy.node import service as service_module
@@ -855,6 +856,9 @@ class OnePeer:
             return None
         raise OSError(errno.ENOSYS, op)
 
+    async def ask(self, node: str, request: msg.Request[msg.R], *, timeout: float | None = None) -> msg.R:
+        return request.decode(await self.call(node, request.op, *request.args(), timeout=timeout))
+
     def is_down(self, node: str) -> bool:
         return False
 
@@ -1056,7 +1060,7 @@ class FakePeers:
             raise PeerUnavailable(node, f"reply to {op} lost (test)")
         return result
 
-    async def ask(self, node: str, request: Any, *, timeout: float | None = None) -> Any:
+    async def ask(self, node: str, request: msg.Request[msg.R], *, timeout: float | None = None) -> msg.R:
         return request.decode(await self.call(node, request.op, *request.args(), timeout=timeout))
 
     def is_down(self, node: str) -> bool:
