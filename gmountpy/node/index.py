@@ -6,7 +6,9 @@ home keeps the exact index of that directory -- name -> holders, each with
 its attributes -- and answers in one round trip: who holds this name
 (`index_lookup`), the whole directory (`index_list`), may this node create it
 (`index_claim`), and here is a change (`index_set`, `index_drop`,
-`index_replace`, `index_forget`).
+`index_replace`, `index_forget`). Every `index_*` operation is asked with its
+typed request in gmountpy.messages (`IndexLookup` answers an
+`IndexLookupReply`, ...), as every other operation of a node is.
 
 Where homes are (`Homes`). The issue asked for rendezvous hashing of the path
 over all nodes, "preferring the creator's site". Hashing over all nodes puts
