@@ -87,6 +87,7 @@ from .locator import (
     FloodPeers,
     Location,
     LocatorStatistics,
+    drop_expired,
 )
 
 log = logging.getLogger(__name__)
@@ -277,6 +278,18 @@ def _join(directory: str, name: str) -> str:
 
 def _under(path: str, prefix: str) -> bool:
     return prefix == "/" or path == prefix or path.startswith(prefix + "/")
+
+
+def _under_any(prefixes: Collection[str]) -> Callable[[str], bool]:
+    """`_under(path, p)` for some p of `prefixes`, as one test: a directory removal or rename
+    scans whole caches with it, and one startswith of a tuple is a third of the cost of a
+    generator of `_under` calls (200k paths: 28 against 84 ms)."""
+    if "/" in prefixes:
+        return lambda path: True
+    exact = frozenset(prefixes)
+    below = tuple(prefix + "/" for prefix in prefixes)
+    return lambda path: path in exact or path.startswith(below)
+
 
 
 # -- the home's side -------------------------------------------------------------------------------
@@ -1280,16 +1293,17 @@ class DirectoryIndex:
         the partitions of split directories among them do the same."""
         prefixes = [str(prefix) for prefix in prefixes]
         self.forget(prefixes)
+        under = _under_any(prefixes)
         for directory, parts in list(self._parts.items()):
-            if any(_under(directory, prefix) for prefix in prefixes):
+            if under(directory):
                 await self._pass_on(directory, parts, msg.IndexForget([directory], sorted(parts.bitmap)), covered)
 
     def forget(self, prefixes: list[str]) -> None:
-        for directory in list(self._dirs):
-            if any(_under(directory, str(prefix)) for prefix in prefixes):
-                del self._dirs[directory]
+        under = _under_any([str(prefix) for prefix in prefixes])
+        for directory in [d for d in self._dirs if under(d)]:
+            del self._dirs[directory]
         for directory in self._building:
-            if any(_under(directory, str(prefix)) for prefix in prefixes):
+            if under(directory):
                 self._outdated.add(directory)  # its listings under way may predate the change
 
     async def _revoke(self, directory: str, name: str, is_dir: bool, *, but: str | None,
@@ -1597,8 +1611,9 @@ class IndexLocator:
 
     def _forget_homes(self, prefixes: list[str]) -> None:
         self._revoked += 1
+        under = _under_any(prefixes)
         for cache in (self._homes, self._listings, self._negative, self._parts):
-            for key in [k for k in cache if any(_under(k, prefix) for prefix in prefixes)]:
+            for key in [k for k in cache if under(k)]:
                 del cache[key]
         for prefix in prefixes:
             self._mark_stale(prefix)
@@ -1746,6 +1761,8 @@ class IndexLocator:
             return
         self._homes[directory] = (home, sent + lease)
         self._homes.move_to_end(directory)
+        # kept a lease longer than it lasts: a change its home missed is owed to the last one known
+        drop_expired(self._homes, lambda cached: cached[1] + self.home_lease, trio.current_time())
         if len(self._homes) > self._max:
             self._homes.popitem(last=False)
 
@@ -2330,8 +2347,10 @@ class IndexLocator:
     def learn(self, path: str, location: Location) -> None:
         self._flood.learn(path, location)  # its last holder: if that node dies, the search says EIO
         self._negative.pop(path, None)
-        self._positive[path] = (location, trio.current_time() + self.ttl)
+        now = trio.current_time()
+        self._positive[path] = (location, now + self.ttl)
         self._positive.move_to_end(path)
+        drop_expired(self._positive, lambda cached: cached[1], now)
         if len(self._positive) > self._max:
             self._positive.popitem(last=False)
 
@@ -2408,6 +2427,7 @@ class IndexLocator:
     def _remember_negative(self, path: str, until: float) -> None:
         self._negative[path] = until
         self._negative.move_to_end(path)
+        drop_expired(self._negative, lambda until: until, trio.current_time())
         if len(self._negative) > self._max:
             self._negative.popitem(last=False)
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 import errno
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import trio
 
@@ -26,6 +27,7 @@ from ..messages import LocateReply, R, ReplicaSource, Request
 from .export import Attr
 
 log = logging.getLogger(__name__)
+_V = TypeVar("_V")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,17 @@ class AbsentForNow(FileNotFoundError):
     Not a cacheable "no such file": the answer may change as soon as that
     node answers again, so neither the daemon nor the kernel keeps it.
     """
+
+
+def drop_expired(cache: OrderedDict[str, _V], expiry: Callable[[_V], float], now: float) -> None:
+    """Drop entries from the oldest end of `cache` while they have expired. Each cache gives its
+    entries one lease and moves an entry to the end when it is set, so the oldest expire first:
+    the cache then holds what its lease covers, not up to `max_entries` dead entries that every
+    directory removal would scan."""
+    while cache:
+        if expiry(next(iter(cache.values()))) > now:
+            return
+        cache.popitem(last=False)
 
 
 #: How long a create waits for the other nodes to drop their "not found" (unreachable
@@ -336,8 +349,10 @@ class FloodLocator:
 
     def learn(self, path: str, location: Location) -> None:
         self._negative.pop(path, None)
-        self._positive[path] = (location, trio.current_time() + self.ttl)
+        now = trio.current_time()
+        self._positive[path] = (location, now + self.ttl)
         self._positive.move_to_end(path)
+        drop_expired(self._positive, lambda cached: cached[1], now)
         if len(self._positive) > self._max:
             self._positive.popitem(last=False)
         self._last_holder[path] = location.replica_of or location.node
@@ -405,8 +420,10 @@ class FloodLocator:
     def _remember_negative(self, path: str) -> None:
         if self.negative_ttl <= 0:
             return
-        self._negative[path] = trio.current_time() + self.negative_ttl
+        now = trio.current_time()
+        self._negative[path] = now + self.negative_ttl
         self._negative.move_to_end(path)
+        drop_expired(self._negative, lambda until: until, now)
         if len(self._negative) > self._max:
             self._negative.popitem(last=False)
 

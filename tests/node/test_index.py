@@ -32,7 +32,7 @@ import hypothesis.strategies as st
 import pytest
 import trio
 import trio.testing
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from gmountpy import Cluster as ApiCluster
@@ -49,6 +49,8 @@ from gmountpy.node.index import (
     ExportWatcher,
     Homes,
     IndexLocator,
+    _under,
+    _under_any,
     rendezvous_order,
     split_parent,
 )
@@ -201,6 +203,14 @@ def test_split_parent() -> None:
     assert split_parent("/a/b/c") == ("/a/b", "c")
 
 
+_PATHS = st.lists(st.sampled_from(["a", "ab", "b", "a.mv", "a-"]), max_size=4).map(lambda parts: "/" + "/".join(parts))
+
+
+@given(path=_PATHS, prefixes=st.lists(_PATHS, max_size=3))
+def test_under_any_is_under_one_of_the_prefixes(path: str, prefixes: list[str]) -> None:
+    assert _under_any(prefixes)(path) == any(_under(path, prefix) for prefix in prefixes)
+
+
 # ------------------------------------------------------ messages per operation (4 nodes over RPC)
 
 
@@ -223,6 +233,28 @@ async def test_local_hit_costs_no_message(tmp_path: Path) -> None:
         assert (await cluster["n1"].namespace.lookup("/d/mine")).node == "n1"
         assert await read_file(cluster["n1"].namespace, "/d/mine") == b"x"
         assert total(cluster) == 0
+
+
+@trio_test(frozen_clock=True)
+async def test_expired_misses_and_homes_leave_the_locators_caches(tmp_path: Path) -> None:
+    """The caches hold what their leases cover: a directory removal or rename scans them whole,
+    and a daemon that ran for hours had them at max_entries of dead answers (200k)."""
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        locator = cluster["n1"].locator
+        assert isinstance(locator, IndexLocator)
+        ns = cluster["n1"].namespace
+        for i in range(3):
+            cluster["n2"].mkdir(f"/old{i}")
+            with pytest.raises(FileNotFoundError):
+                await ns.lookup(f"/old{i}/none")
+        assert {f"/old{i}/none" for i in range(3)} <= set(locator._negative)
+        assert {f"/old{i}" for i in range(3)} <= set(locator._homes)
+        await elapse(2 * locator.home_lease + 1)  # every lease above has run out, homes' twice
+        cluster["n2"].mkdir("/new")
+        with pytest.raises(FileNotFoundError):
+            await ns.lookup("/new/none")
+        assert list(locator._negative) == ["/new/none"]
+        assert list(locator._homes) == ["/new"]
 
 
 @trio_test

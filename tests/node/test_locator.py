@@ -180,6 +180,26 @@ async def test_caches_are_bounded(tmp_path: Path) -> None:
         assert list(locator._positive) == ["/many/3", "/many/4", "/many/5"]
 
 
+@trio_test(frozen_clock=True)
+async def test_expired_answers_leave_the_caches(tmp_path: Path) -> None:
+    """A cache holds what its TTL covers, not max_entries of dead answers (a directory create or
+    rename scans it whole)."""
+    async with open_cluster(tmp_path, lookup="flood", ttl=1.0, negative_ttl=1.0) as cluster:
+        locator = cluster["n1"].locator
+        assert isinstance(locator, FloodLocator)
+        for i in range(5):
+            cluster["n2"].put(f"/old/{i}")
+            assert await locator.find(f"/old/{i}") is not None
+            assert await locator.find(f"/gone/{i}") is None
+        assert (len(locator._positive), len(locator._negative)) == (5, 5)
+        await elapse_until(trio.current_time() + 1.0)  # every answer above has expired
+        cluster["n2"].put("/new/f")
+        assert await locator.find("/new/f") is not None
+        assert await locator.find("/new/none") is None
+        assert list(locator._positive) == ["/new/f"] and list(locator._negative) == ["/new/none"]
+        assert locator.statistics().cached == 1
+
+
 # ---------------------------------------------------------------- singleflight
 
 
