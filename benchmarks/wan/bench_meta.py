@@ -14,7 +14,7 @@ rest on nodes of the other sites, chosen at random.
 
 Systems, all inside the same emulated sites, in the same run:
 - gmountpy: daemons in the site namespaces; targets written into the holders' exports.
-  Three systems, one per `lookup` mode: `gmountpy` (GMount's search, the default),
+  Three systems, one per `lookup` mode: `gmountpy` (GMount's search, `lookup = "flood"`),
   `gmountpy-index` (the homed directory index) and `gmountpy-central` (every directory
   homed at the first node of the central site: gmountpy as a central-metadata design).
 - sshfs: one sshd at the central site (the site with the smallest total RTT to the
@@ -154,11 +154,13 @@ class Gmount:
         self.name = name
         self.emu = emu
         mode = GMOUNT_MODES[name]
-        self.variant = "" if mode == "flood" else mode
+        # every mode names its lookup, the default's too: since the default became the index, a
+        # `gmountpy` column run on the plain cluster file measured the index a second time
+        self.variant = mode
         self.tuning: dict[str, Any] = {"lookup": mode}
         if mode == "central":
             self.tuning["central_node"] = SITES[central][0]
-        self.spec = load_spec(wan.variant_file(emu, self.variant, self.tuning) if self.variant else emu.cluster_file)
+        self.spec = load_spec(wan.variant_file(emu, self.variant, self.tuning))
 
     def place(self, kind: str, path: str, holder: str) -> None:
         target = Path(self.spec.node(holder).export) / path

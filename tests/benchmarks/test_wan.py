@@ -228,6 +228,19 @@ def test_a_variant_runs_the_same_sites_with_its_own_exports_and_lookup_mode(wan:
     assert_gone(emu, before, pids)
 
 
+def test_bench_meta_runs_each_gmountpy_system_in_the_lookup_mode_it_names(tmp_path: Path) -> None:
+    """`gmountpy` is GMount's search whatever the default is (it ran the index while the default was)."""
+    from benchmarks.wan import bench_meta
+
+    toml = tmp_path / "cluster.toml"
+    toml.write_text(bench_meta.cluster_toml(tmp_path, "modes"))
+    emu = Emulation(name="modes", prefix="", hub="", netns={}, address={}, site_of={}, rtt_ms={},
+                    cluster_file=str(toml))
+    for system, mode in bench_meta.GMOUNT_MODES.items():
+        spec = bench_meta.Gmount(emu, system, bench_meta.central_site()).spec
+        assert spec.tuning.lookup == mode and spec.name == f"modes-{mode}", system
+
+
 def test_run_puts_a_command_in_a_site_with_gmount_up_and_tears_everything_down(wan: None, base: Path) -> None:
     """`python -m benchmarks.wan run C.toml -- CMD`: how a workflow runs under the WAN in one line."""
     require("FUSE", fuse_problem())
