@@ -466,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume and args.out.exists():
         result = resumed(json.loads(args.out.read_text()), workload, run)
         done = [s for s in systems if s in result["systems"]]
-        log(f"resuming {args.out}: keeping {', '.join(done) or 'nothing'}")
+        log(f"resuming {args.out}: keeping {', '.join(result['systems']) or 'nothing'}")
         systems = [s for s in systems if s not in done]
     rows: list[dict[str, Any]] = result["results"]
     with tempfile.TemporaryDirectory(prefix="gmw-meta-") as tmp, ExitStack() as stack:

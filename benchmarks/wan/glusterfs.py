@@ -36,7 +36,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
-from itertools import pairwise
+from itertools import pairwise, zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -259,15 +259,25 @@ class GlusterFs:
                            f"({connected} of {len(self.nodes)}); see {self.home(node) / 'log' / 'mount.log'}")
 
     def _make_pending(self) -> None:
-        """Directories first, then the files in parallel (each create costs WAN round trips)."""
+        """Directories first, then the files in parallel (each create costs WAN round trips).
+
+        The files go round-robin over their directories: the kernel serialises creates in one
+        directory (its lock is held across the FUSE round trip), so threads working through one
+        directory at a time wait for each other. 5600 files over 4 sites: up in 177 s in
+        directory order, 30 s round-robin (bench_meta --ops 100 --r-adj 0.2 --systems glusterfs)."""
         top = self.mount(self.nodes[0])
         for kind, path in self.pending:
             if kind == "dir":
                 (top / path).mkdir(parents=True, exist_ok=True)
-        files = [top / path for kind, path in self.pending if kind == "file"]
-        for parent in sorted({f.parent for f in files}):
+        by_directory: dict[Path, list[Path]] = {}
+        for kind, path in self.pending:
+            if kind == "file":
+                target = top / path
+                by_directory.setdefault(target.parent, []).append(target)
+        for parent in sorted(by_directory):
             parent.mkdir(parents=True, exist_ok=True)
-        with ThreadPoolExecutor(16) as pool:
+        files = [f for row in zip_longest(*by_directory.values()) for f in row if f is not None]
+        with ThreadPoolExecutor(32) as pool:
             list(pool.map(lambda f: f.touch(), files))
 
     # --- teardown --------------------------------------------------------------------
