@@ -291,7 +291,6 @@ def _under_any(prefixes: Collection[str]) -> Callable[[str], bool]:
     return lambda path: path in exact or path.startswith(below)
 
 
-
 # -- the home's side -------------------------------------------------------------------------------
 
 
