@@ -140,9 +140,11 @@ class System(Protocol):
     def place(self, kind: str, path: str, holder: str) -> None: ...
 
 
-#: gmountpy's lookup modes, each a system of its own: GMount's search (the default), the homed
-#: directory index, and every directory homed at one node of the central site (central metadata).
+#: gmountpy's lookup modes, each a system of its own: GMount's search, the homed directory index
+#: (gmountpy's default), and every directory homed at one node of the central site (central metadata).
 GMOUNT_MODES = {"gmountpy": "flood", "gmountpy-index": "index", "gmountpy-central": "central"}
+#: The whole suite: the default --systems, and what a result needs to be "complete".
+ALL_SYSTEMS = (*GMOUNT_MODES, "sshfs", "moosefs", "glusterfs")
 
 
 class Gmount:
@@ -422,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", type=int, default=1000, help="ops per client per op type (default 1000)")
     parser.add_argument("--quick", action="store_true", help="50 ops per client per type")
     parser.add_argument("--r-adj", default="0.2,0.5,0.8,1.0")
-    parser.add_argument("--systems", default="gmountpy,gmountpy-index,gmountpy-central,sshfs,moosefs,glusterfs")
+    parser.add_argument("--systems", default=",".join(ALL_SYSTEMS))
     parser.add_argument("--only", default=",".join(OPS), help="these op types only (comma-separated; the phases "
                         "that make targets, mkdir before rmdir, are up to you)")
     parser.add_argument("--sites", type=int, default=4, choices=[2, 3, 4],
@@ -509,11 +511,21 @@ def main(argv: list[str] | None = None) -> int:
             result["cluster"] = (work / "cluster.toml").read_text().replace(str(work), "$WORK")
             write(args.out, result)  # after every system: a run cut short keeps what it measured
         result["loadavg_end"] = os.getloadavg()
-    result["complete"] = True
+    result["complete"] = complete(result)
     write(args.out, result)
     print(table(result))
     plot(result, args.out.with_suffix(".png"))
     return 0
+
+
+def complete(result: dict[str, Any]) -> bool:
+    """True when the result holds every system of the suite at every r_adj and op type it names (a run in parts
+    is complete only once its last part is in)."""
+    wanted = {(r, op) for r in result["r_adj"] for op in result["ops"]}
+    have: dict[str, set[tuple[float, str]]] = {}
+    for row in result["results"]:
+        have.setdefault(row["system"], set()).add((row["r_adj"], row["op"]))
+    return all(have.get(s, set()) >= wanted for s in ALL_SYSTEMS)
 
 
 def write(out: Path, result: dict[str, Any]) -> None:

@@ -241,6 +241,26 @@ def test_bench_meta_runs_each_gmountpy_system_in_the_lookup_mode_it_names(tmp_pa
         assert spec.tuning.lookup == mode and spec.name == f"modes-{mode}", system
 
 
+def test_a_run_in_parts_is_complete_only_with_every_system_at_every_r_adj_and_op() -> None:
+    """`complete` said true after any last part; a resume keeps only the systems measured in full."""
+    from benchmarks.wan import bench_meta
+
+    workload = {"ops_per_client": 10, "sites": 4, "clients": 8, "r_adj": [0.2, 1.0], "ops": ["mkdir", "stat"],
+                "isolated": False, "central_site": "s1"}
+
+    def rows(system: str, ops: list[str]) -> list[dict[str, object]]:
+        return [{"system": system, "r_adj": r, "op": op, "ops_per_s": 1.0} for r in workload["r_adj"] for op in ops]
+
+    five = [s for s in bench_meta.ALL_SYSTEMS if s != "glusterfs"]
+    part = {**workload, "commit": "a", "systems": {s: {} for s in [*five, "glusterfs"]},
+            "results": [row for s in five for row in rows(s, ["mkdir", "stat"])] + rows("glusterfs", ["mkdir"])}
+    assert not bench_meta.complete(part)
+    kept = bench_meta.resumed(part, workload, {"commit": "b"})
+    assert set(kept["systems"]) == set(five) and kept["commits"] == ["a", "b"]  # glusterfs was cut short
+    kept["results"] += rows("glusterfs", ["mkdir", "stat"])
+    assert bench_meta.complete(kept)
+
+
 def test_run_puts_a_command_in_a_site_with_gmount_up_and_tears_everything_down(wan: None, base: Path) -> None:
     """`python -m benchmarks.wan run C.toml -- CMD`: how a workflow runs under the WAN in one line."""
     require("FUSE", fuse_problem())
