@@ -934,9 +934,29 @@ class IndexLookup(IndexNameRequest[IndexLookupReply]):
 
 
 @dataclass(frozen=True)
-class IndexClaim(IndexNameRequest[list[IndexHolder] | None]):
-    """`node` is about to create `name`: None when the name is `node`'s now, else its holders
-    (nothing claimed). `exclusive` False: a parent directory a create makes, recorded all the same."""
+class IndexClaimReply:
+    """`index_claim`: the holders of the name when it exists elsewhere (nothing was claimed);
+    none: the name is the claimant's now. `seeded`: it is a new directory, and its index was
+    started empty by the node that took the claim (the directory's home is that node or that
+    node's backup), so the claimant does not send the seed itself."""
+
+    holders: tuple[IndexHolder, ...]
+    seeded: bool = False
+
+    @classmethod
+    def from_wire(cls, value: Any) -> IndexClaimReply:
+        what = "index_claim"
+        holders, seeded = _list(value, what, 2)
+        return cls(tuple(_holders(holders, what)), _bool(seeded, what))
+
+    def to_wire(self) -> list[Any]:
+        return [[holder.to_wire() for holder in self.holders], self.seeded]
+
+
+@dataclass(frozen=True)
+class IndexClaim(IndexNameRequest[IndexClaimReply]):
+    """`node` is about to create `name` (see IndexClaimReply). `exclusive` False: a parent
+    directory a create makes, recorded even when the name exists elsewhere."""
 
     op = "index_claim"
     directory: str
@@ -945,8 +965,8 @@ class IndexClaim(IndexNameRequest[list[IndexHolder] | None]):
     is_dir: bool = False
     exclusive: bool = True
 
-    def decode(self, value: Any) -> list[IndexHolder] | None:
-        return None if value is None else _holders(value, self.op)
+    def decode(self, value: Any) -> IndexClaimReply:
+        return IndexClaimReply.from_wire(value)
 
 
 @dataclass(frozen=True)
@@ -981,6 +1001,21 @@ class IndexReplace(_NoReply, IndexNameRequest[None]):
     op = "index_replace"
     directory: str
     name: str
+    nodes: list[str]
+    is_dir: bool
+    asker: str | None = None
+
+
+@dataclass(frozen=True)
+class IndexRename(_NoReply, IndexNameRequest[None]):
+    """A rename within `directory` (by `asker`): `src` is gone, exactly `nodes` hold `name`. One
+    message for IndexDrop and IndexReplace at the same home; EXDEV when the two names are in
+    partitions of a split directory that different nodes serve (send those two instead)."""
+
+    op = "index_rename"
+    directory: str
+    name: str
+    src: str
     nodes: list[str]
     is_dir: bool
     asker: str | None = None
@@ -1065,11 +1100,14 @@ class IndexPart(Request[PartOk[T] | PartRedirect]):
 @dataclass(frozen=True)
 class IndexRecords(Request[dict[str, str]]):
     """The homes of `directory`'s subdirectories that its home keeps on the asked node, its backup:
-    `updates` applied first (a None home: removed). Name -> home."""
+    `updates` applied first (a None home: removed). Name -> home. `seed`: the node that just made
+    the new subdirectories in `updates`; those homed at the asked node start with an empty index
+    there (IndexSeed, in the same message)."""
 
     op = "index_records"
     directory: str
     updates: dict[str, str | None] | None = None
+    seed: str | None = None
 
     def decode(self, value: Any) -> dict[str, str]:
         if not isinstance(value, dict):

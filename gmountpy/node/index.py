@@ -6,7 +6,8 @@ home keeps the exact index of that directory -- name -> holders, each with
 its attributes -- and answers in one round trip: who holds this name
 (`index_lookup`), the whole directory (`index_list`), may this node create it
 (`index_claim`), and here is a change (`index_set`, `index_drop`,
-`index_replace`, `index_forget`). Every `index_*` operation is asked with its
+`index_replace`, `index_rename` -- a drop and a replace in one message --,
+`index_forget`). Every `index_*` operation is asked with its
 typed request in gmountpy.messages (`IndexLookup` answers an
 `IndexLookupReply`, ...), as every other operation of a node is.
 
@@ -41,7 +42,9 @@ one round trip per second, not one per file.
 
 The index is soft state. A home builds a directory's index on first demand by
 asking every node once for its listing of that directory (a directory just
-made by a mkdir through the mount is *seeded* empty instead: `index_seed`),
+made by a mkdir through the mount is *seeded* empty instead: by the parent's
+home during the claim when the new home is that node or its backup, which
+gets the record copy anyway; else by the creator with `index_seed`),
 and again when it is older than `tuning.index_rescan` seconds: files written
 straight into an export (outside the mount) reach the home at that node's
 next export scan (ExportWatcher), at the latest after the rescan (at once on
@@ -337,9 +340,10 @@ class IndexStatistics:
 #: Set while a request is served as the backup of a home that did not answer (`index_backup`).
 _AS_BACKUP: ContextVar[str | None] = ContextVar("gmount_index_as_backup", default=None)
 #: Operations a backup serves for a home that does not answer.
-_BACKED_OPS = ("index_lookup", "index_claim", "index_set", "index_drop", "index_replace", "index_list")
+_BACKED_OPS = ("index_lookup", "index_claim", "index_set", "index_drop", "index_replace", "index_rename",
+               "index_list")
 #: Operations on one name of a directory: served by the partition the name hashes to.
-_NAME_OPS = ("index_lookup", "index_claim", "index_set", "index_drop", "index_replace")
+_NAME_OPS = ("index_lookup", "index_claim", "index_set", "index_drop", "index_replace", "index_rename")
 #: Operations on one directory that wait while a partition of it splits on this node.
 _GATED_OPS = (*_BACKED_OPS, "index_sync", "index_adopt")
 #: Operations sent to a partition's server (`index_part`).
@@ -450,7 +454,8 @@ class DirectoryIndex:
             return self._operations
         ops: dict[str, Callable[..., Awaitable[Any]]] = {
             "index_lookup": self.op_lookup, "index_claim": self.op_claim, "index_set": self.op_set,
-            "index_drop": self.op_drop, "index_replace": self.op_replace, "index_forget": self.op_forget,
+            "index_drop": self.op_drop, "index_replace": self.op_replace, "index_rename": self.op_rename,
+            "index_forget": self.op_forget,
             "index_sync": self.op_sync, "index_list": self.op_list, "index_backup": self.op_backup,
             "index_records": self.op_records, "index_seed": self.op_seed, "index_adopt": self.op_adopt}
         for op in _GATED_OPS:
@@ -669,14 +674,19 @@ class DirectoryIndex:
         if derived:
             await self._copy_records(directory, dict(derived))
 
-    async def _copy_records(self, directory: str, updates: dict[str, str | None]) -> None:
+    async def _copy_records(self, directory: str, updates: dict[str, str | None], *,
+                            seed: str | None = None) -> str | None:
+        """Copy `updates` to this directory's backup (with `seed`, see IndexRecords); the backup
+        they reached, None when there is none or it did not answer."""
         backup = self._backup_node(directory)
         if backup is None:
-            return
+            return None
         try:
-            await self._peers.ask(backup, msg.IndexRecords(directory, updates), timeout=self.ask_timeout)
+            await self._peers.ask(backup, msg.IndexRecords(directory, updates, seed), timeout=self.ask_timeout)
         except OSError as exc:
             log.info("could not copy the homes under %s to the backup %s: %s", directory, backup, exc)
+            return None
+        return backup
 
     def _child_home(self, directory: str, name: str, holders: Sequence[str]) -> str | None:
         if self.homes is None:
@@ -731,9 +741,11 @@ class DirectoryIndex:
             return
         self._dirs[directory] = _Directory({}, trio.current_time(), (), holders={str(node)} if node else set())
 
-    async def op_records(self, directory: str, updates: dict[str, str | None] | None = None) -> dict[str, str]:
+    async def op_records(self, directory: str, updates: dict[str, str | None] | None = None,
+                         seed: str | None = None) -> dict[str, str]:
         """The copy of a directory's subdirectory homes that its home keeps here, as its backup:
-        `updates` applied (None: removed), then all of them returned."""
+        `updates` applied (None: removed), then all of them returned. `seed`: the creator of the
+        new subdirectories in `updates`; those homed here start empty (op_seed)."""
         records = self._child_homes.setdefault(directory, {})
         for name, home in (updates or {}).items():
             if home is None:
@@ -742,7 +754,11 @@ class DirectoryIndex:
                 records[str(name)] = str(home)
         if not records:
             self._child_homes.pop(directory, None)
-        return dict(records)
+        if seed is not None:
+            for name, home in (updates or {}).items():
+                if home == self._peers.me:
+                    await self.op_seed(_join(directory, str(name)), str(seed))
+        return dict(self._child_homes.get(directory, {}))
 
     async def _tell(self, leases: dict[str, float], request: Request[None], *, but: str | None) -> None:
         """Send `request` to every node whose lease has not expired (a revocation), `but` one."""
@@ -1117,15 +1133,17 @@ class DirectoryIndex:
                 nursery.start_soon(send, server, partition)
 
     async def op_claim(self, directory: str, name: str, node: str, is_dir: bool = False,
-                       exclusive: bool = True) -> list[list[Any]] | None:
-        """`node` is about to create `name`: the existing holders if there are any (nothing is
-        claimed then), else None -- the name is recorded for `node` and every node holding a
-        "not found" for it has been told before this returns.
+                       exclusive: bool = True) -> list[Any]:
+        """`node` is about to create `name`: [the existing holders, False] if there are any
+        (nothing is claimed then), else [[], seeded] -- the name is recorded for `node` and
+        every node holding a "not found" for it has been told before this returns.
 
         `exclusive` False (a parent directory a create makes on `node`): a directory merges
         with the directories of that name elsewhere, so it is always recorded.
         A new directory is homed at `node`'s site (`Homes.of_creator`), recorded here and on
-        this directory's backup (one intra-site message) before this returns.
+        this directory's backup (one intra-site message) before this returns. When that home
+        is this node or the backup, its index is started empty here or in the same message
+        (`seeded`): the creator's mkdir saves the round trip of the seed.
         """
         backing = self._serving_as_backup(directory)
         holders, _, pending = await self._resolved(directory, name)
@@ -1139,17 +1157,23 @@ class DirectoryIndex:
             if not others:
                 raise OSError(errno.EAGAIN, f"{_join(directory, name)} is being created on another node; "
                                             "try again")
-            return others
+            return [others, False]
         self._change(directory, (name, node, _Holder(bool(is_dir), None, None, trio.current_time())))
+        seeded = False
         if is_dir and self.homes is not None:
             records = self._child_homes.setdefault(directory, {})
             if not holders or name not in records:  # a new name: homed at its creator's site
-                records[name] = self.homes.of_creator(_join(directory, name), str(node))
-                await self._copy_records(directory, {name: records[name]})
+                home = records[name] = self.homes.of_creator(_join(directory, name), str(node))
+                seed = str(node) if not holders and not pending else None  # new everywhere: it starts empty
+                if seed is not None and home == self._peers.me:
+                    await self.op_seed(_join(directory, name), seed)
+                    seeded = True
+                reached = await self._copy_records(directory, {name: home}, seed=seed)
+                seeded = seeded or (seed is not None and reached == home)
             self._lease_home(directory, name, node)
         await self._revoke(directory, name, bool(is_dir), but=node, everyone=backing)
         await self._changed(directory, [name], but=node)
-        return None
+        return [[], seeded]
 
     async def _verify_absent(self, directory: str, name: str, asker: str | None) -> list[list[Any]]:
         """Ask the nodes holding `directory` (but the asker, which looked in its own export) for
@@ -1220,6 +1244,17 @@ class DirectoryIndex:
             await self._copy_records(directory, {name: home})
         await self._revoke(directory, name, bool(is_dir), but=asker, everyone=backing)
         await self._changed(directory, [name], but=asker)
+
+    async def op_rename(self, directory: str, name: str, src: str, nodes: list[str], is_dir: bool,
+                        asker: str | None = None) -> None:
+        """A rename within `directory`: op_drop of `src`, then op_replace of `name`, in one message.
+        EXDEV when this node does not serve `src` too (the two names are in partitions of a split
+        directory that different nodes serve): the asker sends the two messages instead."""
+        if not self._mine(directory, str(src)):
+            raise OSError(errno.EXDEV, f"node {self._peers.me} does not serve both {src!r} and {name!r} of the "
+                                       f"split directory {directory}")
+        await self.op_drop(directory, src, None, asker)
+        await self.op_replace(directory, name, nodes, is_dir, asker)
 
     async def op_sync(self, directory: str, node: str, changes: list[Any], covered: list[int] | None = None) -> None:
         """`node`'s export changed outside the mount (or its scan saw the mount's own changes):
@@ -1560,6 +1595,7 @@ class IndexLocator:
         self._revoked = 0  # counts revocations of homes and listings: an answer older than one is not kept
         self._inflight: dict[str, _Flight] = {}
         self._claimed: set[str] = set()        # claimed at their home, being created here
+        self._seeded: set[str] = set()         # of those, new directories the claim's server seeded
         self._unclaimed: set[str] = set()      # created while the home was unreachable: flood-announced
         self._just_created: dict[str, Location] = {}
         self._owed: dict[str, set[str]] = {}   # home -> directories whose index missed a change
@@ -2136,7 +2172,7 @@ class IndexLocator:
             for _ in range(20):
                 try:
                     sent, revoked = trio.current_time(), self._revoked
-                    others, stood_in_for = await self._dir_call_via(
+                    reply, stood_in_for = await self._dir_call_via(
                         directory, msg.IndexClaim(directory, name, self._peers.me, is_dir, True))
                     break
                 except OSError as exc:
@@ -2147,6 +2183,7 @@ class IndexLocator:
                 raise OSError(errno.EAGAIN, f"{path} is being created on another node; try again")
         except PeerUnavailable as exc:
             return await self._claim_by_search(path, exc)
+        others = reply.holders
         if others:
             found = self._nearest(others) or Location(others[0].node, others[0].attr)
             self.learn(path, found)  # the create opens it next: not from a "not found" cached before
@@ -2160,6 +2197,8 @@ class IndexLocator:
         for parent in missing:
             await self._watch_here(parent)
         self._claimed.add(path)
+        if reply.seeded:
+            self._seeded.add(path)
         self.forget_absent(path, is_dir)  # "not found" for it, and for names in it (kept for a missing parent)
         return None
 
@@ -2215,13 +2254,22 @@ class IndexLocator:
         if path not in self._claimed:
             return
         self._claimed.discard(path)
-        self._homes.pop(path, None)
+        cached = self._homes.pop(path, None)
         directory, name = split_parent(path)
         try:
             await self._dir_call(directory, msg.IndexDrop(directory, name, [self._peers.me]))
         except OSError as exc:
             log.info("could not withdraw the claim on %s at the home of %s: %s", path, directory, exc)
             self._owe_home_of(directory)
+        if path in self._seeded:  # the mkdir failed here: its seeded index goes (a later one starts anew)
+            self._seeded.discard(path)
+            own_home = cached[0] if cached is not None else self.homes.central
+            if own_home is not None:
+                try:
+                    await self._home_call(own_home, msg.IndexForget([path]))
+                except OSError as exc:
+                    log.info("could not tell %s that %s was not made after all: %s", own_home, path, exc)
+                    self._owe(own_home, path)
 
     async def announce_created(self, path: str, is_dir: bool = False) -> None:
         """A claimed create needs nothing more (the claim told everyone). A name made here without a
@@ -2229,8 +2277,10 @@ class IndexLocator:
         location = self._just_created.pop(path, None)
         if path in self._claimed:
             self._claimed.discard(path)
+            seeded = path in self._seeded
+            self._seeded.discard(path)
             if is_dir:
-                await self._seed(path)
+                await self._seed(path, told_home=seeded)
             return
         if path in self._unclaimed:
             self._unclaimed.discard(path)
@@ -2245,16 +2295,18 @@ class IndexLocator:
             self._owe_home_of(directory)
             await self._flood.announce_created(path, is_dir)
 
-    async def _seed(self, directory: str) -> None:
+    async def _seed(self, directory: str, *, told_home: bool = False) -> None:
         """A mkdir here: tell the new directory's home (at this site) that it starts empty, so
-        the first lookup or create in it does not make the home list every node."""
+        the first lookup or create in it does not make the home list every node -- unless the
+        claim's server did (`told_home`: the home is that node or its backup)."""
         cached = self._homes.get(directory)
         if cached is None:
             return
         try:
             # this export's copy is watched like a listed one (files copied into it reach the home)
             await self._peers.ask(self._peers.me, msg.IndexListdir(directory, cached[0]))
-            await self._home_call(cached[0], msg.IndexSeed(directory, self._peers.me))
+            if not told_home:
+                await self._home_call(cached[0], msg.IndexSeed(directory, self._peers.me))
         except OSError as exc:
             log.info("could not tell %s that the new directory %s is empty: %s", cached[0], directory, exc)
 
@@ -2297,19 +2349,43 @@ class IndexLocator:
         dst_dir, dst_name = split_parent(dst)
         self._drop_listing(src_dir)  # not revoked by their homes: this node is the asker
         self._drop_listing(dst_dir)
-        try:
-            await self._dir_call(src_dir, msg.IndexDrop(src_dir, src_name, None, self._peers.me))
-        except OSError as exc:
-            log.info("could not record the rename of %s: %s", src, exc)
-            self._owe_home_of(src_dir)
-        try:
-            await self._dir_call(dst_dir, msg.IndexReplace(dst_dir, dst_name, holders, is_dir, self._peers.me))
-        except OSError as exc:
-            log.info("could not record the rename to %s: %s; telling every node", dst, exc)
-            self._owe_home_of(dst_dir)
-            await self._flood.announce_created(dst, is_dir)
+        if not await self._renamed_at_one_home(src, dst, is_dir, holders):
+            try:
+                await self._dir_call(src_dir, msg.IndexDrop(src_dir, src_name, None, self._peers.me))
+            except OSError as exc:
+                log.info("could not record the rename of %s: %s", src, exc)
+                self._owe_home_of(src_dir)
+            try:
+                await self._dir_call(dst_dir, msg.IndexReplace(dst_dir, dst_name, holders, is_dir, self._peers.me))
+            except OSError as exc:
+                log.info("could not record the rename to %s: %s; telling every node", dst, exc)
+                self._owe_home_of(dst_dir)
+                await self._flood.announce_created(dst, is_dir)
         if is_dir:
             await self._forget_everywhere([src, dst])
+
+    async def _renamed_at_one_home(self, src: str, dst: str, is_dir: bool, holders: list[str]) -> bool:
+        """A rename within one directory, in one message to its home (IndexRename); False when
+        the two messages are needed instead: two directories, or names a split directory serves
+        on different nodes."""
+        directory, src_name = split_parent(src)
+        dst_dir, dst_name = split_parent(dst)
+        if dst_dir != directory:
+            return False
+        bitmap = self._parts.get(directory)
+        if bitmap is not None and partition_of(name_hash(src_name), bitmap) != partition_of(name_hash(dst_name),
+                                                                                             bitmap):
+            return False
+        try:
+            await self._dir_call(directory, msg.IndexRename(directory, dst_name, src_name, holders, is_dir,
+                                                            self._peers.me))
+        except OSError as exc:
+            if not isinstance(exc, PeerUnavailable) and exc.errno == errno.EXDEV:
+                return False  # split in partitions this node did not know of yet
+            log.info("could not record the rename of %s to %s: %s; telling every node", src, dst, exc)
+            self._owe_home_of(directory)
+            await self._flood.announce_created(dst, is_dir)
+        return True
 
     async def announce_unsure(self, paths: list[str]) -> None:
         """A change failed half-way: the homes of the paths' directories list them again."""

@@ -547,10 +547,9 @@ async def test_mkdir_homes_the_directory_at_the_creators_site(tmp_path: Path) ->
         cluster.reset_counts()
         await ns.mkdir(sub, 0o755)
         # the claim at top's home n4 (seeded empty by top's mkdir: no listing of every node), which
-        # copies the new record to its backup n3; then n3 seeds sub's index at its home n4
-        assert total(cluster) == 3
+        # copies the new record to its backup n3 and seeds sub's index itself: sub's home is n4
+        assert total(cluster) == 2
         assert cluster["n4"].served["index_claim"] == 1 and cluster["n3"].served["index_records"] == 1
-        assert cluster["n4"].served["index_seed"] == 1
         cluster.reset_counts()
         with pytest.raises(FileNotFoundError):
             await ns.lookup(f"{sub}/missing")  # n3 knows the home it made: one round trip, intra-site
@@ -566,11 +565,59 @@ async def test_mkdir_homes_the_directory_at_the_creators_site(tmp_path: Path) ->
         cluster.reset_counts()
         assert (await cluster["n1"].namespace.lookup(f"{sub}/out")).node == "n3"
         assert total(cluster) == 1 and cluster["n4"].served["index_lookup"] == 1
-        # a directory n1 makes under n3's gets a home at n1's site
+        # a directory n1 makes under n3's gets a home at n1's site; neither top's home n4 nor its
+        # backup n3 is that home, so n1 seeds it (claim, record copy, seed)
         other = made_at(homes, "n2", "n1", f"{top}/theirs")
+        cluster.reset_counts()
         await cluster["n1"].namespace.mkdir(other, 0o755)
+        assert total(cluster) == 3 and cluster["n2"].served["index_seed"] == 1
         for node in NODES:
             assert await known_home(cluster, node, other) == "n2"
+
+
+@trio_test
+async def test_a_new_directory_homed_at_the_parents_backup_is_seeded_with_the_record_copy(tmp_path: Path) -> None:
+    """The claim's server copies the new record to its backup anyway: when the backup is the new
+    directory's home, the seed rides in that message (no round trip of the creator's own)."""
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        homes = homes_of(cluster)
+        top = made_at(homes, "n4", "n4", "/top")
+        await cluster["n4"].namespace.mkdir(top, 0o755)
+        assert homes.backup(top, "n4") == "n3"
+        sub = made_at(homes, "n3", "n4", f"{top}/sub")  # made by n4, homed at n3: top's backup
+        cluster.reset_counts()
+        await cluster["n4"].namespace.mkdir(sub, 0o755)
+        assert total(cluster) == 1 and cluster["n3"].served["index_records"] == 1  # (n4 claims from itself)
+        cluster.reset_counts()
+        with pytest.raises(FileNotFoundError):
+            await cluster["n4"].namespace.lookup(f"{sub}/missing")
+        assert total(cluster) == 1 and cluster["n3"].served["index_lookup"] == 1  # seeded: nobody listed
+
+
+@trio_test
+async def test_a_mkdir_that_fails_after_its_claim_leaves_no_seeded_index(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parent's home seeds the new directory during the claim, before it exists on disk:
+    when the mkdir then fails, that index goes, so the name made again later is listed anew."""
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        homes = homes_of(cluster)
+        top = made_at(homes, "n4", "n3", "/top")
+        await cluster["n3"].namespace.mkdir(top, 0o755)
+        sub = made_at(homes, "n4", "n3", f"{top}/sub")
+        index = cluster["n4"].index
+        assert index is not None
+        built = index.statistics().directories
+
+        def disk_full(path: str, mode: int) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(cluster["n3"].export, "mkdir", disk_full)
+        with pytest.raises(OSError) as failed:
+            await cluster["n3"].namespace.mkdir(sub, 0o755)
+        assert failed.value.errno == errno.ENOSPC
+        assert index.statistics().directories == built  # seeded by the claim, forgotten at the withdrawal
+        cluster["n1"].put(f"{sub}/copied-in", b"made outside the mount")  # the name, made on n1 directly
+        assert (await cluster["n3"].namespace.lookup(f"{sub}/copied-in")).node == "n1"
 
 
 @trio_test
@@ -926,10 +973,10 @@ async def test_directory_index_revokes_only_leases_still_running() -> None:
     assert (await index.op_lookup("/d", "late", "x"))["lease"] == 10.0
     leased_at = trio.current_time()
     await elapse_until(leased_at + 10.0 - 0.001)
-    assert await index.op_claim("/d", "early", "y", False, True) is None
+    assert await index.op_claim("/d", "early", "y", False, True) == [[], False]
     assert [(c[0], c[1], c[2][0]) for c in peer.calls if c[1] == "created"] == [("x", "created", "/d/early")]
     await elapse_until(leased_at + 10.0)  # the lease on "late" has run out: x may no longer keep it
-    assert await index.op_claim("/d", "late", "y", False, True) is None
+    assert await index.op_claim("/d", "late", "y", False, True) == [[], False]
     assert [c[2][0] for c in peer.calls if c[1] == "created"] == ["/d/early"]
     assert index.statistics().revocations == 1
 
@@ -1007,7 +1054,7 @@ async def test_directory_index_sync_older_than_a_create_does_not_remove_it() -> 
     that grace -- "new" deleted outside the mount -- removes it."""
     peer = OnePeer({"h": {"/d": []}, "x": {"/d": [["old", _attr(size=1)]]}})
     index = DirectoryIndex(peer, ["h", "x"], lease=10.0)
-    assert await index.op_claim("/d", "new", "x", False, True) is None
+    assert await index.op_claim("/d", "new", "x", False, True) == [[], False]
     await index.op_set("/d", "new", "x", _attr(size=7))
     await index.op_sync("/d", "x", [["new", None]])  # listed before "new" was made
     names = {e[0]: e[1][0][1][4] for e in (await index.op_list("/d", None))["entries"]}
@@ -1025,11 +1072,11 @@ async def test_directory_index_claim_revokes_leases_and_refuses_taken_names() ->
     index = DirectoryIndex(peer, ["h", "x", "y"], lease=10.0)
     await index.op_lookup("/d", "new", "x")
     await index.op_lookup("/d", "new", "y")
-    assert await index.op_claim("/d", "new", "y", False, True) is None
+    assert await index.op_claim("/d", "new", "y", False, True) == [[], False]
     assert [(c[0], c[1]) for c in peer.calls if c[1] == "created"] == [("x", "created")]  # not the claimer
-    taken = await index.op_claim("/d", "a", "x", False, True)
-    assert taken is not None and taken[0][0] == "h"
-    assert await index.op_claim("/d", "a", "x", True, False) is None  # parent-making merges (no error)
+    taken, seeded = await index.op_claim("/d", "a", "x", False, True)
+    assert taken[0][0] == "h" and not seeded
+    assert await index.op_claim("/d", "a", "x", True, False) == [[], False]  # parent-making merges (no error)
 
 
 @trio_test(mock_clock=True)
@@ -1658,10 +1705,11 @@ def test_mount_rescan_makes_a_file_copied_into_an_export_visible_everywhere_at_o
         api.rescan(["n9"])
 
 
-def test_mount_rename_costs_four_messages_to_the_home(mounted: LocalCluster) -> None:
+def test_mount_rename_costs_three_messages_to_the_home(mounted: LocalCluster) -> None:
     """rename(2) of a file n1 holds, in a directory homed at n2: the kernel's lookup of the
-    target (a miss, leased), the lookup of the source's holders, then drop + replace at the
-    home. The target's holders come from the lease, not from a second lookup."""
+    target (a miss, leased), the lookup of the source's holders, then the drop of the old name
+    and the new name's holders at the home, in one message. The target's holders come from
+    the lease, not from a second lookup."""
     homes = _sites(mounted)
     directory = made_at(homes, "n2", "n1", f"/renamed-{uuid.uuid4().hex[:6]}-")
     top = mounted.mount("n1") / directory.lstrip("/")
@@ -1670,7 +1718,7 @@ def test_mount_rename_costs_four_messages_to_the_home(mounted: LocalCluster) -> 
     api = ApiCluster.open(mounted.spec.name)
     before = _settled(api)
     (top / "a").rename(top / "b")
-    assert sent_by(api.counters(), before) == {"n1": {"index_lookup": 2, "index_drop": 1, "index_replace": 1}}
+    assert sent_by(api.counters(), before) == {"n1": {"index_lookup": 2, "index_rename": 1}}
     assert (mounted.mount("n3") / directory.lstrip("/") / "b").read_bytes() == b"on n1"
     assert not (mounted.mount("n4") / directory.lstrip("/") / "a").exists()
 

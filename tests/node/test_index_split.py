@@ -9,6 +9,7 @@ import threading
 import uuid
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import hypothesis.strategies as st
 import pytest
@@ -146,6 +147,46 @@ async def test_a_stale_map_is_redirected_then_correct(tmp_path: Path) -> None:
         for name in names:  # corrected: one round trip each (none for partitions n4 serves itself)
             await n4.find(f"/big/{name}", fresh=True)
         assert total(cluster) <= len(names) and n4.redirects == corrected
+
+
+@trio_test
+async def test_a_rename_across_partitions_served_apart_falls_back_to_drop_and_replace(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rename within one directory is one message (index_rename) when one node serves both
+    names; with a map too old to tell, the server refuses it (EXDEV) and the renamer sends the
+    drop and the replace to their own partitions."""
+    async with open_cluster(tmp_path, lookup="index", split_entries=SPLIT) as cluster:
+        names = await _fill(cluster, "/big", 60)
+        n4 = _locator(cluster, "n4")
+        home = await n4.home_of("/big")
+        assert home is not None
+        full = {p for index in (cluster[n].index for n in NODES) if index is not None
+                for d, parts in index._parts.items() if d == "/big" for p in parts.bitmap}
+
+        def server(name: str) -> str:
+            partition = partition_of(name_hash(name), full)
+            return home if partition == 0 else n4.homes.of_partition("/big", partition)
+
+        src = next(n for n in names if server(n) != home)
+        dst = next(f"moved-{i}" for i in range(1000) if server(f"moved-{i}") not in (server(src),))
+        one_message = n4._renamed_at_one_home
+        answers: list[bool] = []
+
+        async def with_an_old_map(*args: Any) -> bool:
+            n4._parts["/big"] = frozenset({0})  # it thinks every name is at the home
+            answers.append(await one_message(*args))
+            return answers[-1]
+
+        monkeypatch.setattr(n4, "_renamed_at_one_home", with_an_old_map)
+        await cluster["n4"].namespace.rename(f"/big/{src}", f"/big/{dst}")
+        assert answers == [False]  # refused by a server of one of the names: sent as two
+        expected = sorted([dst] + [n for n in names if n != src])
+        for node in NODES:
+            listed = await cluster[node].namespace.merged_listing("/big")
+            assert sorted(e.name for e in listed.entries) == expected, node
+            with pytest.raises(FileNotFoundError):
+                await cluster[node].namespace.lookup(f"/big/{src}")
+            assert (await cluster[node].namespace.lookup(f"/big/{dst}")).attr.size == len(src)
 
 
 @trio_test
