@@ -936,21 +936,24 @@ class IndexLookup(IndexNameRequest[IndexLookupReply]):
 @dataclass(frozen=True)
 class IndexClaimReply:
     """`index_claim`: the holders of the name when it exists elsewhere (nothing was claimed);
-    none: the name is the claimant's now. `seeded`: it is a new directory, and its index was
-    started empty by the node that took the claim (the directory's home is that node or that
-    node's backup), so the claimant does not send the seed itself."""
+    none: the name is the claimant's now. For a new directory: `seeded`, its index starts
+    empty without a seed from the claimant (its home is the node that took the claim, or that
+    node's backup, or the claimant when `keep`); `keep`, the claimant is the backup of the node
+    that took the claim, which did not send it the record of the new directory's home: the
+    claimant keeps that record itself (IndexRecords to itself, seeding the index if it is the home)."""
 
     holders: tuple[IndexHolder, ...]
     seeded: bool = False
+    keep: bool = False
 
     @classmethod
     def from_wire(cls, value: Any) -> IndexClaimReply:
         what = "index_claim"
-        holders, seeded = _list(value, what, 2)
-        return cls(tuple(_holders(holders, what)), _bool(seeded, what))
+        holders, seeded, keep = _list(value, what, 3)
+        return cls(tuple(_holders(holders, what)), _bool(seeded, what), _bool(keep, what))
 
     def to_wire(self) -> list[Any]:
-        return [[holder.to_wire() for holder in self.holders], self.seeded]
+        return [[holder.to_wire() for holder in self.holders], self.seeded, self.keep]
 
 
 @dataclass(frozen=True)

@@ -191,9 +191,10 @@ LISTED = {"entries": [["a", [["n1", ATTR, None]], None]], "complete": True, "exi
     (msg.IndexLookup("/d", "a"), _but(lease="4.0"), "index_lookup"),
     (msg.IndexLookup("/d", "a"), _but(complete=1), "index_lookup"),  # not a bool
     (msg.IndexLookup("/d", "a"), _but(listing={**LISTED, "exists": None}), "index_lookup"),
-    (msg.IndexClaim("/d", "a", "n1"), [[["n1", ATTR[:-1], None]], False], "index_claim"),
+    (msg.IndexClaim("/d", "a", "n1"), [[["n1", ATTR[:-1], None]], False, False], "index_claim"),
+    (msg.IndexClaim("/d", "a", "n1"), [[], False], "index_claim"),
     (msg.IndexClaim("/d", "a", "n1"), None, "index_claim"),  # the reply before IndexClaimReply
-    (msg.IndexClaim("/d", "a", "n1"), [[], "yes"], "index_claim"),
+    (msg.IndexClaim("/d", "a", "n1"), [[], "yes", False], "index_claim"),
     (msg.IndexList("/d"), {**LISTED, "entries": [["a", [], None, 0]]}, "index_list"),
     (msg.IndexList("/d"), {**LISTED, "parts": [0, "1"]}, "index_list"),
     (msg.IndexSet("/d", "a", "n1", None), 0, "index_set"),
@@ -258,7 +259,7 @@ async def _every_index_op(n1: _Conversation, n2: _Conversation) -> None:
     assert listing.lease > 0 and listing.parts is None
 
     # changes, told the home
-    assert await n1.ask(msg.IndexClaim("/data", "claimed.txt", "n2")) == msg.IndexClaimReply((), False)
+    assert await n1.ask(msg.IndexClaim("/data", "claimed.txt", "n2")) == msg.IndexClaimReply((), False, False)
     taken = await n1.ask(msg.IndexClaim("/data", "a.txt", "n2"))
     assert [h.node for h in taken.holders] == ["n1"] and not taken.seeded
     assert (await n1.ask(msg.IndexClaim("/data", "made", "n1", True))).seeded  # n1 homes it and seeds it

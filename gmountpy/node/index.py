@@ -44,7 +44,8 @@ The index is soft state. A home builds a directory's index on first demand by
 asking every node once for its listing of that directory (a directory just
 made by a mkdir through the mount is *seeded* empty instead: by the parent's
 home during the claim when the new home is that node or its backup, which
-gets the record copy anyway; else by the creator with `index_seed`),
+gets the record copy anyway (or is the creator, which keeps that copy
+itself); else by the creator with `index_seed`),
 and again when it is older than `tuning.index_rescan` seconds: files written
 straight into an export (outside the mount) reach the home at that node's
 next export scan (ExportWatcher), at the latest after the rescan (at once on
@@ -1134,16 +1135,18 @@ class DirectoryIndex:
 
     async def op_claim(self, directory: str, name: str, node: str, is_dir: bool = False,
                        exclusive: bool = True) -> list[Any]:
-        """`node` is about to create `name`: [the existing holders, False] if there are any
-        (nothing is claimed then), else [[], seeded] -- the name is recorded for `node` and
-        every node holding a "not found" for it has been told before this returns.
+        """`node` is about to create `name`: [the existing holders, False, False] if there are
+        any (nothing is claimed then), else [[], seeded, keep] (IndexClaimReply) -- the name is
+        recorded for `node` and every node holding a "not found" for it has been told before
+        this returns.
 
         `exclusive` False (a parent directory a create makes on `node`): a directory merges
         with the directories of that name elsewhere, so it is always recorded.
         A new directory is homed at `node`'s site (`Homes.of_creator`), recorded here and on
-        this directory's backup (one intra-site message) before this returns. When that home
-        is this node or the backup, its index is started empty here or in the same message
-        (`seeded`): the creator's mkdir saves the round trip of the seed.
+        this directory's backup (one intra-site message) before this returns -- or by `node`
+        itself when it is that backup (`keep`: the copy needs no message). When that home is
+        this node or the backup, its index is started empty here or with the copy (`seeded`):
+        the creator's mkdir saves the round trip of the seed.
         """
         backing = self._serving_as_backup(directory)
         holders, _, pending = await self._resolved(directory, name)
@@ -1157,9 +1160,9 @@ class DirectoryIndex:
             if not others:
                 raise OSError(errno.EAGAIN, f"{_join(directory, name)} is being created on another node; "
                                             "try again")
-            return [others, False]
+            return [others, False, False]
         self._change(directory, (name, node, _Holder(bool(is_dir), None, None, trio.current_time())))
-        seeded = False
+        seeded = keep = False
         if is_dir and self.homes is not None:
             records = self._child_homes.setdefault(directory, {})
             if not holders or name not in records:  # a new name: homed at its creator's site
@@ -1168,12 +1171,16 @@ class DirectoryIndex:
                 if seed is not None and home == self._peers.me:
                     await self.op_seed(_join(directory, name), seed)
                     seeded = True
-                reached = await self._copy_records(directory, {name: home}, seed=seed)
-                seeded = seeded or (seed is not None and reached == home)
+                if self._backup_node(directory) == node:
+                    keep = True  # the claimant copies it to itself
+                    seeded = seeded or (seed is not None and home == node)
+                else:
+                    reached = await self._copy_records(directory, {name: home}, seed=seed)
+                    seeded = seeded or (seed is not None and reached == home)
             self._lease_home(directory, name, node)
         await self._revoke(directory, name, bool(is_dir), but=node, everyone=backing)
         await self._changed(directory, [name], but=node)
-        return [[], seeded]
+        return [[], seeded, keep]
 
     async def _verify_absent(self, directory: str, name: str, asker: str | None) -> list[list[Any]]:
         """Ask the nodes holding `directory` (but the asker, which looked in its own export) for
@@ -2167,7 +2174,8 @@ class IndexLocator:
             missing = await self._ancestors_missing_here(path)
             for parent in missing:
                 directory, name = split_parent(parent)
-                await self._dir_call(directory, msg.IndexClaim(directory, name, self._peers.me, True, False))
+                made = await self._dir_call(directory, msg.IndexClaim(directory, name, self._peers.me, True, False))
+                await self._keep_record(parent, made)
             directory, name = split_parent(path)
             for _ in range(20):
                 try:
@@ -2184,6 +2192,8 @@ class IndexLocator:
         except PeerUnavailable as exc:
             return await self._claim_by_search(path, exc)
         others = reply.holders
+        if is_dir and not others:
+            await self._keep_record(path, reply)
         if others:
             found = self._nearest(others) or Location(others[0].node, others[0].attr)
             self.learn(path, found)  # the create opens it next: not from a "not found" cached before
@@ -2201,6 +2211,16 @@ class IndexLocator:
             self._seeded.add(path)
         self.forget_absent(path, is_dir)  # "not found" for it, and for names in it (kept for a missing parent)
         return None
+
+    async def _keep_record(self, path: str, reply: msg.IndexClaimReply) -> None:
+        """The claim of the new directory `path` was taken by a node whose backup is this one: keep
+        the record of its home (at this node's site) here, as that node would have sent it."""
+        if not reply.keep:
+            return
+        directory, name = split_parent(path)
+        home = self.homes.of_creator(path, self._peers.me)
+        seed = self._peers.me if reply.seeded else None
+        await self._peers.ask(self._peers.me, msg.IndexRecords(directory, {name: home}, seed))
 
     async def _watch_here(self, directory: str) -> None:
         """A create here is about to make `directory` in this export: have this node's

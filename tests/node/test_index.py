@@ -547,9 +547,11 @@ async def test_mkdir_homes_the_directory_at_the_creators_site(tmp_path: Path) ->
         cluster.reset_counts()
         await ns.mkdir(sub, 0o755)
         # the claim at top's home n4 (seeded empty by top's mkdir: no listing of every node), which
-        # copies the new record to its backup n3 and seeds sub's index itself: sub's home is n4
-        assert total(cluster) == 2
-        assert cluster["n4"].served["index_claim"] == 1 and cluster["n3"].served["index_records"] == 1
+        # seeds sub's index itself (sub's home is n4); n3, top's backup, keeps the record of sub's
+        # home without a message from n4
+        assert total(cluster) == 1 and cluster["n4"].served["index_claim"] == 1
+        backup = cluster["n3"].index
+        assert backup is not None and (await backup.op_records(top))[sub.rsplit("/", 1)[1]] == "n4"
         cluster.reset_counts()
         with pytest.raises(FileNotFoundError):
             await ns.lookup(f"{sub}/missing")  # n3 knows the home it made: one round trip, intra-site
@@ -973,10 +975,10 @@ async def test_directory_index_revokes_only_leases_still_running() -> None:
     assert (await index.op_lookup("/d", "late", "x"))["lease"] == 10.0
     leased_at = trio.current_time()
     await elapse_until(leased_at + 10.0 - 0.001)
-    assert await index.op_claim("/d", "early", "y", False, True) == [[], False]
+    assert await index.op_claim("/d", "early", "y", False, True) == [[], False, False]
     assert [(c[0], c[1], c[2][0]) for c in peer.calls if c[1] == "created"] == [("x", "created", "/d/early")]
     await elapse_until(leased_at + 10.0)  # the lease on "late" has run out: x may no longer keep it
-    assert await index.op_claim("/d", "late", "y", False, True) == [[], False]
+    assert await index.op_claim("/d", "late", "y", False, True) == [[], False, False]
     assert [c[2][0] for c in peer.calls if c[1] == "created"] == ["/d/early"]
     assert index.statistics().revocations == 1
 
@@ -1054,7 +1056,7 @@ async def test_directory_index_sync_older_than_a_create_does_not_remove_it() -> 
     that grace -- "new" deleted outside the mount -- removes it."""
     peer = OnePeer({"h": {"/d": []}, "x": {"/d": [["old", _attr(size=1)]]}})
     index = DirectoryIndex(peer, ["h", "x"], lease=10.0)
-    assert await index.op_claim("/d", "new", "x", False, True) == [[], False]
+    assert await index.op_claim("/d", "new", "x", False, True) == [[], False, False]
     await index.op_set("/d", "new", "x", _attr(size=7))
     await index.op_sync("/d", "x", [["new", None]])  # listed before "new" was made
     names = {e[0]: e[1][0][1][4] for e in (await index.op_list("/d", None))["entries"]}
@@ -1072,11 +1074,11 @@ async def test_directory_index_claim_revokes_leases_and_refuses_taken_names() ->
     index = DirectoryIndex(peer, ["h", "x", "y"], lease=10.0)
     await index.op_lookup("/d", "new", "x")
     await index.op_lookup("/d", "new", "y")
-    assert await index.op_claim("/d", "new", "y", False, True) == [[], False]
+    assert await index.op_claim("/d", "new", "y", False, True) == [[], False, False]
     assert [(c[0], c[1]) for c in peer.calls if c[1] == "created"] == [("x", "created")]  # not the claimer
-    taken, seeded = await index.op_claim("/d", "a", "x", False, True)
-    assert taken[0][0] == "h" and not seeded
-    assert await index.op_claim("/d", "a", "x", True, False) == [[], False]  # parent-making merges (no error)
+    taken, seeded, keep = await index.op_claim("/d", "a", "x", False, True)
+    assert taken[0][0] == "h" and not seeded and not keep
+    assert await index.op_claim("/d", "a", "x", True, False) == [[], False, False]  # parent-making merges (no error)
 
 
 @trio_test(mock_clock=True)
