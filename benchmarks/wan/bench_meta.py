@@ -362,7 +362,10 @@ def run_phases(system: Any, plan: dict[str, dict[str, list[tuple[str, str]]]], r
         for op in ops:
             before = count() if count else None
             replies = {}
+            settled: dict[str, float] = {}
             for batch in ([[c] for c in clients] if isolated else [list(clients)]):
+                if isolated:
+                    settled[batch[0]] = settle()
                 for client in batch:
                     stdin = clients[client].stdin
                     assert stdin is not None
@@ -378,6 +381,8 @@ def run_phases(system: Any, plan: dict[str, dict[str, list[tuple[str, str]]]], r
                    "seconds_per_client": {c: round(r["seconds"], 4) for c, r in replies.items()},
                    "errors": errors, "first_errors": [e for r in replies.values() for e in r["first_errors"]][:3],
                    "isolated": isolated}
+            if isolated:
+                row["settle_seconds"] = {c: round(s, 2) for c, s in settled.items()}
             if count and before is not None:
                 sent = count() - before
                 row["messages_per_op"] = round(sum(sent.values()) / total, 3) if total else None
@@ -526,6 +531,28 @@ def complete(result: dict[str, Any]) -> bool:
     for row in result["results"]:
         have.setdefault(row["system"], set()).add((row["r_adj"], row["op"]))
     return all(have.get(s, set()) >= wanted for s in ALL_SYSTEMS)
+
+
+def _busy_jiffies() -> tuple[int, int]:
+    """(busy, total) CPU time of the whole machine so far, from /proc/stat."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def settle(quiet: float = 0.10, window: float = 0.25, limit: float = 10.0) -> float:
+    """Wait until the machine's CPUs are idle (below `quiet` busy over `window` seconds, at most
+    `limit` seconds); the seconds waited. With --isolated, before each client: the work the last
+    client left behind (export scans, syncs, a previous phase's changes settling) would otherwise
+    land on the next one, which on a node of its own runs on other CPUs."""
+    started = time.monotonic()
+    while time.monotonic() - started < limit:
+        busy0, total0 = _busy_jiffies()
+        time.sleep(window)
+        busy1, total1 = _busy_jiffies()
+        if total1 > total0 and (busy1 - busy0) / (total1 - total0) < quiet:
+            break
+    return time.monotonic() - started
 
 
 def write(out: Path, result: dict[str, Any]) -> None:

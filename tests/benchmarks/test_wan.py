@@ -261,6 +261,17 @@ def test_a_run_in_parts_is_complete_only_with_every_system_at_every_r_adj_and_op
     assert bench_meta.complete(kept)
 
 
+def test_settle_waits_for_idle_cpus_at_most_its_limit() -> None:
+    """--isolated waits before each client until the CPUs are idle; a busy machine costs the limit, no more."""
+    from benchmarks.wan import bench_meta
+
+    assert bench_meta.settle(quiet=1.01, window=0.05) < 1.0  # anything counts as idle: one window
+    waited = bench_meta.settle(quiet=0.0, window=0.05, limit=0.3)  # nothing does: the limit
+    assert 0.3 <= waited < 2.0
+    busy, total = bench_meta._busy_jiffies()
+    assert 0 <= busy <= total
+
+
 def test_run_puts_a_command_in_a_site_with_gmount_up_and_tears_everything_down(wan: None, base: Path) -> None:
     """`python -m benchmarks.wan run C.toml -- CMD`: how a workflow runs under the WAN in one line."""
     require("FUSE", fuse_problem())
