@@ -340,7 +340,7 @@ def _wait_mounted(path: Path, timeout: float = 20) -> None:
 
 
 def run_phases(system: Any, plan: dict[str, dict[str, list[tuple[str, str]]]], r_adj: float,
-               ops: tuple[str, ...], isolated: bool = False) -> list[dict[str, Any]]:
+               ops: tuple[str, ...], isolated: bool = False, settle_limit: float = 10.0) -> list[dict[str, Any]]:
     """One row per op type. All clients start each phase at once; `isolated` runs them one after
     another instead, so each client's time is what its node costs with the CPUs to itself."""
     clients: dict[str, subprocess.Popen[str]] = {}
@@ -365,7 +365,7 @@ def run_phases(system: Any, plan: dict[str, dict[str, list[tuple[str, str]]]], r
             settled: dict[str, float] = {}
             for batch in ([[c] for c in clients] if isolated else [list(clients)]):
                 if isolated:
-                    settled[batch[0]] = settle()
+                    settled[batch[0]] = settle(limit=settle_limit)
                 for client in batch:
                     stdin = clients[client].stdin
                     assert stdin is not None
@@ -437,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--isolated", action="store_true",
                         help="run the clients of a phase one after another, not all at once: each client's time is "
                         "then what its node costs with this machine's CPUs to itself (a node per machine)")
+    parser.add_argument("--settle-limit", type=float, default=10.0,
+                        help="with --isolated, wait at most this many seconds for idle CPUs before each client "
+                        "(default 10; 0: do not wait, for systems bound by RTTs, not CPUs)")
     parser.add_argument("--out", type=Path, default=RESULTS / "wan_meta.json")
     parser.add_argument("--resume", action="store_true",
                         help="keep the systems --out already has in full for the same workload and run only the "
@@ -510,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
                 about["up_seconds"] = round(time.monotonic() - started, 1)
                 log(f"{system_name} up in {about['up_seconds']}s")
                 for r, plan in plans.items():
-                    rows += run_phases(system, plan, r, only, args.isolated)
+                    rows += run_phases(system, plan, r, only, args.isolated, args.settle_limit)
             about["loadavg_end"] = os.getloadavg()
             result["systems"][system_name] = about
             result["cluster"] = (work / "cluster.toml").read_text().replace(str(work), "$WORK")
