@@ -704,9 +704,10 @@ class DirectoryIndex:
             trio.current_time() + self.home_lease
         return self.home_lease
 
-    async def _drop_home(self, directory: str, name: str) -> None:
+    async def _drop_home(self, directory: str, name: str, *, forgotten_by: str | None = None) -> None:
         """Subdirectory `name` is gone: forget its home; whoever was told it forgets it too (a
-        directory made again under that name may be homed elsewhere)."""
+        directory made again under that name may be homed elsewhere) -- but `forgotten_by`, the
+        node that removed it through its mount, which forgets it itself before and after."""
         records = self._child_homes.get(directory)
         if records is None or records.pop(name, None) is None:
             return
@@ -717,7 +718,7 @@ class DirectoryIndex:
         leases = names.pop(name, None) if names is not None else None
         if names is not None and not names:
             del self._home_leases[directory]
-        await self._tell(leases or {}, msg.IndexUnhome([_join(directory, name)]), but=None)
+        await self._tell(leases or {}, msg.IndexUnhome([_join(directory, name)]), but=forgotten_by)
 
     async def op_adopt(self, directory: str, node: str) -> None:
         """`directory` appeared on `node` outside the mount (its parent's home saw it in a sync):
@@ -778,14 +779,16 @@ class DirectoryIndex:
                 if until > now and node != but:
                     nursery.start_soon(tell, node)
 
-    async def _changed(self, directory: str, names: Sequence[str], *, but: str | None) -> None:
+    async def _changed(self, directory: str, names: Sequence[str], *, but: str | None,
+                       forgotten_by: str | None = None) -> None:
         """After a change in `directory`: subdirectories that are gone lose their homes, and
-        every listing of the directory handed out is revoked."""
+        every listing of the directory handed out is revoked (`but`, `forgotten_by`: see
+        `_tell`, `_drop_home`)."""
         current = self._dirs.get(directory)
         for name in names:
             gone = current is not None and not any(h.is_dir for h in current.entries.get(name, {}).values())
             if gone and name in self._child_homes.get(directory, {}):
-                await self._drop_home(directory, name)
+                await self._drop_home(directory, name, forgotten_by=forgotten_by)
         leases = self._listing_leases.pop(directory, None)
         if leases:
             await self._tell(leases, msg.IndexUnlist(directory), but=but)
@@ -1223,15 +1226,18 @@ class DirectoryIndex:
     async def op_drop(self, directory: str, name: str, nodes: list[str] | None = None,
                       asker: str | None = None) -> None:
         """`name` is gone from `nodes` (None: from every node). `asker`, the node that removed it,
-        keeps its listing (it dropped it): a revocation there would cost the removal a round trip."""
+        keeps its listing and forgets a removed directory's home itself (IndexLocator's
+        announce_removed and announce_renamed): a revocation there would cost the removal a
+        round trip."""
         self._serving_as_backup(directory)
+        asker = None if asker is None else str(asker)
         if nodes is None:
             self._change(directory, (name, None, None))
-            await self._drop_home(directory, name)
+            await self._drop_home(directory, name, forgotten_by=asker)
         else:
             for node in nodes:
                 self._change(directory, (name, str(node), None))
-        await self._changed(directory, [name], but=None if asker is None else str(asker))
+        await self._changed(directory, [name], but=asker, forgotten_by=asker)
 
     async def op_replace(self, directory: str, name: str, nodes: list[str], is_dir: bool,
                          asker: str | None = None) -> None:
@@ -2355,6 +2361,8 @@ class IndexLocator:
         except OSError as exc:
             log.info("could not record the removal of %s at the home of %s: %s", path, directory, exc)
             self._owe_home_of(directory)
+        if is_dir:  # again: the parent's home does not revoke here a home of `path` learnt meanwhile
+            self._forget_homes([path])
         if own_home is not None:
             try:
                 await self._home_call(own_home, msg.IndexForget([path]))

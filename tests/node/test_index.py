@@ -597,6 +597,24 @@ async def test_a_new_directory_homed_at_the_parents_backup_is_seeded_with_the_re
 
 
 @trio_test
+async def test_rmdir_revokes_the_home_at_every_node_that_learnt_it_but_the_remover(tmp_path: Path) -> None:
+    """The remover forgets the directory's home itself, before and after the drop: its parent's
+    home tells only the others (one nested round trip less per rmdir)."""
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        homes = homes_of(cluster)
+        top = made_at(homes, "n4", "n4", "/top")
+        await cluster["n4"].namespace.mkdir(top, 0o755)
+        sub = made_at(homes, "n3", "n3", f"{top}/sub")
+        await cluster["n3"].namespace.mkdir(sub, 0o755)  # n3 holds a lease on sub's home, from n4
+        assert await known_home(cluster, "n1", sub) == "n3"  # so does n1
+        cluster.reset_counts()
+        await cluster["n3"].namespace.rmdir(sub)
+        assert cluster.served("index_unhome") == {"n1": 1, "n2": 0, "n3": 0, "n4": 0}
+        for node in NODES:
+            assert await known_home(cluster, node, sub) is None
+
+
+@trio_test
 async def test_a_mkdir_that_fails_after_its_claim_leaves_no_seeded_index(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The parent's home seeds the new directory during the claim, before it exists on disk:
