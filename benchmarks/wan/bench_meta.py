@@ -29,7 +29,7 @@ The aggregate rate of a phase is all clients' ops / the slowest client's time.
 With --isolated the clients of a phase run one after another instead of at once:
 the same formula then gives what nodes with CPUs of their own would reach (on a
 small machine the concurrent run measures CPU contention as much as the protocol).
-The JSON is written after every system; --resume keeps the systems it already has.
+The JSON is written after every system and locality; --resume keeps the systems it has in full.
 """
 
 from __future__ import annotations
@@ -512,12 +512,13 @@ def main(argv: list[str] | None = None) -> int:
             with system.running():
                 about["up_seconds"] = round(time.monotonic() - started, 1)
                 log(f"{system_name} up in {about['up_seconds']}s")
+                result["systems"][system_name] = about
+                result["cluster"] = (work / "cluster.toml").read_text().replace(str(work), "$WORK")
                 for r, plan in plans.items():
                     rows += run_phases(system, plan, r, only, args.isolated, args.settle_limit)
+                    write(args.out, result)  # after every locality: a run cut short keeps what it measured
             about["loadavg_end"] = os.getloadavg()
-            result["systems"][system_name] = about
-            result["cluster"] = (work / "cluster.toml").read_text().replace(str(work), "$WORK")
-            write(args.out, result)  # after every system: a run cut short keeps what it measured
+            write(args.out, result)
         result["loadavg_end"] = os.getloadavg()
     result["complete"] = complete(result)
     write(args.out, result)
