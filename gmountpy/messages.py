@@ -1103,7 +1103,8 @@ class IndexPart(Request[PartOk[T] | PartRedirect]):
 @dataclass(frozen=True)
 class IndexRecords(Request[dict[str, str]]):
     """The homes of `directory`'s subdirectories that its home keeps on the asked node, its backup:
-    `updates` applied first (a None home: removed). Name -> home. `seed`: the node that just made
+    `updates` applied (a None home: removed), and then none returned; without `updates`, all of
+    them. Name -> home. `seed`: the node that just made
     the new subdirectories in `updates`; those homed at the asked node start with an empty index
     there (IndexSeed, in the same message)."""
 

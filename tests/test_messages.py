@@ -268,9 +268,11 @@ async def _every_index_op(n1: _Conversation, n2: _Conversation) -> None:
     assert await n1.ask(msg.IndexReplace("/data", "p.txt", ["n1"], False, "n2")) is None
     assert await n1.ask(msg.IndexRename("/data", "q.txt", "p.txt", ["n1"], False, "n2")) is None
     assert await n1.ask(msg.IndexSync("/data", "n2", [entry.to_wire() for entry in on_n2])) is None
-    assert await n1.ask(msg.IndexRecords("/elsewhere", {"made": "n2"})) == {"made": "n2"}
+    assert await n1.ask(msg.IndexRecords("/elsewhere", {"made": "n2"})) == {}  # a copy: nothing comes back
+    assert await n1.ask(msg.IndexRecords("/elsewhere")) == {"made": "n2"}  # all of them, asked for
     assert await n1.ask(msg.IndexRecords("/elsewhere", {"made": None})) == {}
-    assert await n1.ask(msg.IndexRecords("/elsewhere", {"new": "n1"}, "n2")) == {"new": "n1"}  # seeded here
+    assert await n1.ask(msg.IndexRecords("/elsewhere", {"new": "n1"}, "n2")) == {}  # and seeded here
+    assert await n1.ask(msg.IndexRecords("/elsewhere")) == {"new": "n1"}
     assert await n1.ask(msg.IndexSeed("/data/new", "n1")) is None
     assert await n1.ask(msg.IndexAdopt("/data/sub", "n1")) is None
     assert await n1.ask(msg.IndexUnlist("/data")) is None

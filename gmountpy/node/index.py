@@ -746,8 +746,10 @@ class DirectoryIndex:
     async def op_records(self, directory: str, updates: dict[str, str | None] | None = None,
                          seed: str | None = None) -> dict[str, str]:
         """The copy of a directory's subdirectory homes that its home keeps here, as its backup:
-        `updates` applied (None: removed), then all of them returned. `seed`: the creator of the
-        new subdirectories in `updates`; those homed here start empty (op_seed)."""
+        `updates` applied (None: removed) and nothing returned, or, without `updates`, all of
+        them (a home that restarted takes them back) -- a mkdir's copy must not cost a reply
+        that grows with the directory. `seed`: the creator of the new subdirectories in
+        `updates`; those homed here start empty (op_seed)."""
         records = self._child_homes.setdefault(directory, {})
         for name, home in (updates or {}).items():
             if home is None:
@@ -760,7 +762,7 @@ class DirectoryIndex:
             for name, home in (updates or {}).items():
                 if home == self._peers.me:
                     await self.op_seed(_join(directory, str(name)), str(seed))
-        return dict(self._child_homes.get(directory, {}))
+        return {} if updates else dict(self._child_homes.get(directory, {}))
 
     async def _tell(self, leases: dict[str, float], request: Request[None], *, but: str | None) -> None:
         """Send `request` to every node whose lease has not expired (a revocation), `but` one."""
