@@ -2293,11 +2293,7 @@ class IndexLocator:
             self._seeded.discard(path)
             own_home = cached[0] if cached is not None else self.homes.central
             if own_home is not None:
-                try:
-                    await self._home_call(own_home, msg.IndexForget([path]))
-                except OSError as exc:
-                    log.info("could not tell %s that %s was not made after all: %s", own_home, path, exc)
-                    self._owe(own_home, path)
+                await self._forget_index_at(own_home, path)
 
     async def announce_created(self, path: str, is_dir: bool = False) -> None:
         """A claimed create needs nothing more (the claim told everyone). A name made here without a
@@ -2366,11 +2362,15 @@ class IndexLocator:
         if is_dir:  # again: the parent's home does not revoke here a home of `path` learnt meanwhile
             self._forget_homes([path])
         if own_home is not None:
-            try:
-                await self._home_call(own_home, msg.IndexForget([path]))
-            except OSError as exc:
-                log.info("could not tell %s, the home of %s, that it is gone: %s", own_home, path, exc)
-                self._owe(own_home, path)
+            await self._forget_index_at(own_home, path)
+
+    async def _forget_index_at(self, home: str, directory: str) -> None:
+        """`directory` is gone (or was never made): its home drops its index; owed when it does not answer."""
+        try:
+            await self._home_call(home, msg.IndexForget([directory]))
+        except OSError as exc:
+            log.info("could not tell %s, the home of %s, that it is gone: %s", home, directory, exc)
+            self._owe(home, directory)
 
     async def announce_renamed(self, src: str, dst: str, is_dir: bool, holders: list[str]) -> None:
         """Drop `src` at its directory's home, record `dst` at its own (revoking "not found"). A
