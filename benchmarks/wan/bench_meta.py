@@ -29,7 +29,7 @@ The aggregate rate of a phase is all clients' ops / the slowest client's time.
 With --isolated the clients of a phase run one after another instead of at once:
 the same formula then gives what nodes with CPUs of their own would reach (on a
 small machine the concurrent run measures CPU contention as much as the protocol).
-The JSON is written after every system and locality; --resume keeps the systems it has in full.
+The JSON is written after every system and locality; --resume keeps each system's localities measured in full.
 """
 
 from __future__ import annotations
@@ -442,9 +442,9 @@ def main(argv: list[str] | None = None) -> int:
                         "(default 10; 0: do not wait, for systems bound by RTTs, not CPUs)")
     parser.add_argument("--out", type=Path, default=RESULTS / "wan_meta.json")
     parser.add_argument("--resume", action="store_true",
-                        help="keep the systems --out already has in full for the same workload and run only the "
-                        "others (a run too long for one sitting, done in parts; each system records its own "
-                        "commit, times and load)")
+                        help="keep what --out already has for the same workload, each system's localities "
+                        "(r_adj) measured in full, and run only the rest (a run too long for one sitting, done in "
+                        "parts; each part records its own commit, times and load)")
     args = parser.parse_args(argv)
     use_sites(args.sites)
     n = 50 if args.quick else args.ops
@@ -475,9 +475,11 @@ def main(argv: list[str] | None = None) -> int:
                               "complete": False}
     if args.resume and args.out.exists():
         result = resumed(json.loads(args.out.read_text()), workload, run)
-        done = [s for s in systems if s in result["systems"]]
-        log(f"resuming {args.out}: keeping {', '.join(result['systems']) or 'nothing'}")
-        systems = [s for s in systems if s not in done]
+        log(f"resuming {args.out}: keeping " + (", ".join(
+            f"{s} r_adj {'/'.join(f'{r:g}' for r in localities(result, s))}" for s in result["systems"])
+            or "nothing"))
+    todo = {s: [r for r in r_values if r not in localities(result, s)] for s in systems}
+    systems = [s for s in systems if todo[s]]
     rows: list[dict[str, Any]] = result["results"]
     with tempfile.TemporaryDirectory(prefix="gmw-meta-") as tmp, ExitStack() as stack:
         work = Path(tmp)
@@ -507,15 +509,17 @@ def main(argv: list[str] | None = None) -> int:
                 for kind, path, holder in holdings(plan):
                     system.place(kind, path, holder)
             started = time.monotonic()
-            about = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": run["commit"],
-                     "loadavg_start": os.getloadavg()}
+            about: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": run["commit"],
+                                     "loadavg_start": os.getloadavg(), "r_adj": todo[system_name]}
+            if system_name in result["systems"]:  # the localities an earlier part measured, and when
+                about["earlier_parts"] = earlier_parts(result["systems"][system_name])
             with system.running():
                 about["up_seconds"] = round(time.monotonic() - started, 1)
                 log(f"{system_name} up in {about['up_seconds']}s")
                 result["systems"][system_name] = about
                 result["cluster"] = (work / "cluster.toml").read_text().replace(str(work), "$WORK")
-                for r, plan in plans.items():
-                    rows += run_phases(system, plan, r, only, args.isolated, args.settle_limit)
+                for r in todo[system_name]:
+                    rows += run_phases(system, plans[r], r, only, args.isolated, args.settle_limit)
                     write(args.out, result)  # after every locality: a run cut short keeps what it measured
             about["loadavg_end"] = os.getloadavg()
             write(args.out, result)
@@ -565,17 +569,28 @@ def write(out: Path, result: dict[str, Any]) -> None:
     log(f"wrote {out}")
 
 
+def localities(result: dict[str, Any], system: str) -> list[float]:
+    """The r_adj values at which `result` has every op type for `system`."""
+    have = {(row["r_adj"], row["op"]) for row in result["results"] if row["system"] == system}
+    return [r for r in result["r_adj"] if all((r, op) in have for op in result["ops"])]
+
+
+def earlier_parts(about: dict[str, Any]) -> list[dict[str, Any]]:
+    """A system's record from an earlier part, flattened: one entry per part, oldest first."""
+    this = {k: v for k, v in about.items() if k != "earlier_parts"}
+    return [*about.get("earlier_parts", []), this]
+
+
 def resumed(old: dict[str, Any], workload: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
-    """The earlier result, keeping the systems it measured in full for this same workload."""
+    """The earlier result for this same workload, keeping each system's localities measured in full (a
+    locality cut short is measured again in full, so its ops share one start)."""
     differs = {k: (old.get(k), v) for k, v in workload.items() if old.get(k) != v}
     if differs:
         raise SystemExit(f"--resume: the earlier run measured another workload ({differs}); pick another --out")
-    wanted = {(r, op) for r in workload["r_adj"] for op in workload["ops"]}
-    full = {s for s in old.get("systems", {})
-            if {(row["r_adj"], row["op"]) for row in old["results"] if row["system"] == s} >= wanted}
-    old["systems"] = {s: v for s, v in old["systems"].items() if s in full}
-    old["results"] = [row for row in old["results"] if row["system"] in full]
-    old["commits"] = sorted({old.get("commit", ""), run["commit"]} - {""})
+    kept = {s: localities(old, s) for s in old.get("systems", {})}
+    old["systems"] = {s: v for s, v in old["systems"].items() if kept[s]}
+    old["results"] = [row for row in old["results"] if row["r_adj"] in kept.get(row["system"], [])]
+    old["commits"] = sorted({old.get("commit", ""), *old.get("commits", []), run["commit"]} - {""})
     old["complete"] = False
     return old
 

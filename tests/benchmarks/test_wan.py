@@ -242,23 +242,28 @@ def test_bench_meta_runs_each_gmountpy_system_in_the_lookup_mode_it_names(tmp_pa
 
 
 def test_a_run_in_parts_is_complete_only_with_every_system_at_every_r_adj_and_op() -> None:
-    """`complete` said true after any last part; a resume keeps only the systems measured in full."""
+    """`complete` said true after any last part; a resume keeps each system's localities measured in full."""
     from benchmarks.wan import bench_meta
 
     workload = {"ops_per_client": 10, "sites": 4, "clients": 8, "r_adj": [0.2, 1.0], "ops": ["mkdir", "stat"],
                 "isolated": False, "central_site": "s1"}
 
-    def rows(system: str, ops: list[str]) -> list[dict[str, object]]:
-        return [{"system": system, "r_adj": r, "op": op, "ops_per_s": 1.0} for r in workload["r_adj"] for op in ops]
+    def rows(system: str, ops: list[str], r_adj: list[float] = workload["r_adj"]) -> list[dict[str, object]]:
+        return [{"system": system, "r_adj": r, "op": op, "ops_per_s": 1.0} for r in r_adj for op in ops]
 
-    five = [s for s in bench_meta.ALL_SYSTEMS if s != "glusterfs"]
-    part = {**workload, "commit": "a", "systems": {s: {} for s in [*five, "glusterfs"]},
-            "results": [row for s in five for row in rows(s, ["mkdir", "stat"])] + rows("glusterfs", ["mkdir"])}
+    four = [s for s in bench_meta.ALL_SYSTEMS if s not in ("glusterfs", "sshfs")]
+    part = {**workload, "commit": "a", "commits": ["0"], "systems": {s: {} for s in [*four, "glusterfs", "sshfs"]},
+            "results": [row for s in four for row in rows(s, ["mkdir", "stat"])] + rows("glusterfs", ["mkdir"])
+            + rows("sshfs", ["mkdir", "stat"], [0.2]) + rows("sshfs", ["mkdir"], [1.0])}
     assert not bench_meta.complete(part)
     kept = bench_meta.resumed(part, workload, {"commit": "b"})
-    assert set(kept["systems"]) == set(five) and kept["commits"] == ["a", "b"]  # glusterfs was cut short
-    kept["results"] += rows("glusterfs", ["mkdir", "stat"])
+    assert set(kept["systems"]) == {*four, "sshfs"} and kept["commits"] == ["0", "a", "b"]  # glusterfs: nothing
+    assert bench_meta.localities(kept, "sshfs") == [0.2]  # cut short at r_adj 1: that locality is measured again
+    assert [row for row in kept["results"] if row["system"] == "sshfs"] == rows("sshfs", ["mkdir", "stat"], [0.2])
+    kept["results"] += rows("glusterfs", ["mkdir", "stat"]) + rows("sshfs", ["mkdir", "stat"], [1.0])
     assert bench_meta.complete(kept)
+    parts = bench_meta.earlier_parts({"commit": "b", "earlier_parts": [{"commit": "a"}]})
+    assert parts == [{"commit": "a"}, {"commit": "b"}]
 
 
 def test_settle_waits_for_idle_cpus_at_most_its_limit() -> None:
