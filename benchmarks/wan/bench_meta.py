@@ -590,7 +590,8 @@ def resumed(old: dict[str, Any], workload: dict[str, Any], run: dict[str, Any]) 
     kept = {s: localities(old, s) for s in old.get("systems", {})}
     old["systems"] = {s: v for s, v in old["systems"].items() if kept[s]}
     old["results"] = [row for row in old["results"] if row["r_adj"] in kept.get(row["system"], [])]
-    old["commits"] = sorted({old.get("commit", ""), *old.get("commits", []), run["commit"]} - {""})
+    old["commits"] = sorted({old.get("commit", ""), *old.get("commits", []), run["commit"],
+                             *(about.get("commit", "") for about in old["systems"].values())} - {""})
     old["complete"] = False
     return old
 
