@@ -987,14 +987,21 @@ class IndexSet(_NoReply, IndexNameRequest[None]):
 
 
 @dataclass(frozen=True)
-class IndexDrop(_NoReply, IndexNameRequest[None]):
-    """`name` is gone from `nodes` (None: from every node); `asker` removed it."""
+class IndexDrop(IndexNameRequest[list[str]]):
+    """`name` is gone from `nodes` (None: from every node); `asker` removed it. A removed
+    subdirectory's index is forgotten at its home (and at `index_home`, where the asker saw it
+    homed) by the directory's home; the reply names the homes that did not answer (the asker
+    owes them the forget)."""
 
     op = "index_drop"
     directory: str
     name: str
     nodes: list[str] | None = None
     asker: str | None = None
+    index_home: str | None = None
+
+    def decode(self, value: Any) -> list[str]:
+        return [_str(node, self.op) for node in _list(value, self.op)]
 
 
 @dataclass(frozen=True)
@@ -1104,7 +1111,8 @@ class IndexPart(Request[PartOk[T] | PartRedirect]):
 class IndexRecords(Request[dict[str, str]]):
     """The homes of `directory`'s subdirectories that its home keeps on the asked node, its backup:
     `updates` applied (a None home: removed), and then none returned; without `updates`, all of
-    them. Name -> home. `seed`: the node that just made
+    them. Name -> home. A removed subdirectory's index kept on the asked node goes too (the
+    directory is gone: its home's backup is its likeliest other home). `seed`: the node that just made
     the new subdirectories in `updates`; those homed at the asked node start with an empty index
     there (IndexSeed, in the same message)."""
 

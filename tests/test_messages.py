@@ -135,7 +135,7 @@ def test_requests_send_their_fields_in_order() -> None:
     assert msg.Utimens("/a", None, 5).args() == ["/a", None, 5]
     assert msg.Ping().args() == []
     assert msg.Read.op == "read" and msg.PutClose.op == "put_close"
-    assert msg.IndexDrop("/d", "a", ["n1"]).args() == ["/d", "a", ["n1"], None]  # defaults are sent too
+    assert msg.IndexDrop("/d", "a", ["n1"]).args() == ["/d", "a", ["n1"], None, None]  # defaults are sent too
 
 
 ATTR = list(Attr.from_stat(os.stat(__file__)))
@@ -198,6 +198,8 @@ LISTED = {"entries": [["a", [["n1", ATTR, None]], None]], "complete": True, "exi
     (msg.IndexList("/d"), {**LISTED, "entries": [["a", [], None, 0]]}, "index_list"),
     (msg.IndexList("/d"), {**LISTED, "parts": [0, "1"]}, "index_list"),
     (msg.IndexSet("/d", "a", "n1", None), 0, "index_set"),
+    (msg.IndexDrop("/d", "a", None, "n1", "n2"), None, "index_drop"),  # the reply before the homes not reached
+    (msg.IndexDrop("/d", "a", None, "n1", "n2"), [2], "index_drop"),
     (msg.IndexRecords("/d"), {"a": 3}, "index_records"),
     (msg.IndexListdir("/d"), {"a": ATTR}, "index_listdir"),
     (msg.IndexPart(1, "n1", [0, 1], msg.IndexList("/d")), ["ok", LISTED], "index_part"),  # the bitmap missing
@@ -264,13 +266,14 @@ async def _every_index_op(n1: _Conversation, n2: _Conversation) -> None:
     assert [h.node for h in taken.holders] == ["n1"] and not taken.seeded
     assert (await n1.ask(msg.IndexClaim("/data", "made", "n1", True))).seeded  # n1 homes it and seeds it
     assert await n1.ask(msg.IndexSet("/data", "claimed.txt", "n2", None, None, False, "n2")) is None
-    assert await n1.ask(msg.IndexDrop("/data", "claimed.txt", ["n2"], "n2")) is None
+    assert await n1.ask(msg.IndexDrop("/data", "claimed.txt", ["n2"], "n2")) == []
     assert await n1.ask(msg.IndexReplace("/data", "p.txt", ["n1"], False, "n2")) is None
     assert await n1.ask(msg.IndexRename("/data", "q.txt", "p.txt", ["n1"], False, "n2")) is None
     assert await n1.ask(msg.IndexSync("/data", "n2", [entry.to_wire() for entry in on_n2])) is None
     assert await n1.ask(msg.IndexRecords("/elsewhere", {"made": "n2"})) == {}  # a copy: nothing comes back
     assert await n1.ask(msg.IndexRecords("/elsewhere")) == {"made": "n2"}  # all of them, asked for
     assert await n1.ask(msg.IndexRecords("/elsewhere", {"made": None})) == {}
+    assert await n1.ask(msg.IndexDrop("/elsewhere", "made", None, "n2", "n1")) == []  # its index forgotten here
     assert await n1.ask(msg.IndexRecords("/elsewhere", {"new": "n1"}, "n2")) == {}  # and seeded here
     assert await n1.ask(msg.IndexRecords("/elsewhere")) == {"new": "n1"}
     assert await n1.ask(msg.IndexSeed("/data/new", "n1")) is None

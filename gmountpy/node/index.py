@@ -704,21 +704,43 @@ class DirectoryIndex:
             trio.current_time() + self.home_lease
         return self.home_lease
 
-    async def _drop_home(self, directory: str, name: str, *, forgotten_by: str | None = None) -> None:
+    async def _drop_home(self, directory: str, name: str, *, forgotten_by: str | None = None,
+                         index_home: str | None = None) -> list[str]:
         """Subdirectory `name` is gone: forget its home; whoever was told it forgets it too (a
         directory made again under that name may be homed elsewhere) -- but `forgotten_by`, the
-        node that removed it through its mount, which forgets it itself before and after."""
+        node that removed it through its mount, which forgets it itself before and after. Its
+        index goes at its home (and at `index_home`, where the remover saw it homed): here, with
+        the records copy at the backup, or in one message. The homes that did not answer."""
         records = self._child_homes.get(directory)
-        if records is None or records.pop(name, None) is None:
-            return
-        if not records:
+        home = records.pop(name, None) if records is not None else None
+        homes = {node for node in (home, index_home) if node is not None}
+        if index_home is not None and index_home == forgotten_by:
+            homes.discard(index_home)  # the remover is the home: it forgot the index itself
+        if home is None:
+            return await self._forget_gone(_join(directory, name), homes)
+        if records is not None and not records:
             self._child_homes.pop(directory, None)
-        await self._copy_records(directory, {name: None})
+        backup = await self._copy_records(directory, {name: None})  # the backup forgets its index too
         names = self._home_leases.get(directory)
         leases = names.pop(name, None) if names is not None else None
         if names is not None and not names:
             del self._home_leases[directory]
         await self._tell(leases or {}, msg.IndexUnhome([_join(directory, name)]), but=forgotten_by)
+        return await self._forget_gone(_join(directory, name), homes - {backup})
+
+    async def _forget_gone(self, path: str, homes: Collection[str]) -> list[str]:
+        """Directory `path` is gone: `homes` drop their index of it; the ones that did not answer."""
+        unreached: list[str] = []
+        for home in sorted(homes):
+            if home == self._peers.me:
+                await self.op_forget([path])
+                continue
+            try:
+                await self._peers.ask(home, msg.IndexForget([path]), timeout=self.ask_timeout)
+            except OSError as exc:
+                log.info("could not tell %s, the home of %s, that it is gone: %s", home, path, exc)
+                unreached.append(home)
+        return unreached
 
     async def op_adopt(self, directory: str, node: str) -> None:
         """`directory` appeared on `node` outside the mount (its parent's home saw it in a sync):
@@ -754,6 +776,7 @@ class DirectoryIndex:
         for name, home in (updates or {}).items():
             if home is None:
                 records.pop(str(name), None)
+                self.forget([_join(directory, str(name))])
             else:
                 records[str(name)] = str(home)
         if not records:
@@ -782,18 +805,20 @@ class DirectoryIndex:
                     nursery.start_soon(tell, node)
 
     async def _changed(self, directory: str, names: Sequence[str], *, but: str | None,
-                       forgotten_by: str | None = None) -> None:
-        """After a change in `directory`: subdirectories that are gone lose their homes, and
-        every listing of the directory handed out is revoked (`but`, `forgotten_by`: see
-        `_tell`, `_drop_home`)."""
+                       forgotten_by: str | None = None, index_home: str | None = None) -> list[str]:
+        """After a change in `directory`: subdirectories that are gone lose their homes and
+        indexes, and every listing of the directory handed out is revoked (`but`,
+        `forgotten_by`, `index_home`: see `_tell`, `_drop_home`). The homes that did not answer."""
         current = self._dirs.get(directory)
+        unreached: list[str] = []
         for name in names:
             gone = current is not None and not any(h.is_dir for h in current.entries.get(name, {}).values())
-            if gone and name in self._child_homes.get(directory, {}):
-                await self._drop_home(directory, name, forgotten_by=forgotten_by)
+            if gone and (name in self._child_homes.get(directory, {}) or index_home is not None):
+                unreached += await self._drop_home(directory, name, forgotten_by=forgotten_by, index_home=index_home)
         leases = self._listing_leases.pop(directory, None)
         if leases:
             await self._tell(leases, msg.IndexUnlist(directory), but=but)
+        return unreached
 
     async def op_lookup(self, directory: str, name: str, asker: str | None = None,
                         with_listing: bool = False) -> dict[str, Any]:
@@ -1226,20 +1251,25 @@ class DirectoryIndex:
         await self._changed(directory, [name], but=node if asker is None else str(asker))
 
     async def op_drop(self, directory: str, name: str, nodes: list[str] | None = None,
-                      asker: str | None = None) -> None:
+                      asker: str | None = None, index_home: str | None = None) -> list[str]:
         """`name` is gone from `nodes` (None: from every node). `asker`, the node that removed it,
         keeps its listing and forgets a removed directory's home itself (IndexLocator's
         announce_removed and announce_renamed): a revocation there would cost the removal a
-        round trip."""
+        round trip. A removed directory's index is forgotten at its home and `index_home`
+        (see `_drop_home`); the homes that did not answer."""
         self._serving_as_backup(directory)
         asker = None if asker is None else str(asker)
+        index_home = None if index_home is None else str(index_home)
+        unreached: list[str] = []
         if nodes is None:
             self._change(directory, (name, None, None))
-            await self._drop_home(directory, name, forgotten_by=asker)
+            unreached += await self._drop_home(directory, name, forgotten_by=asker, index_home=index_home)
+            index_home = None
         else:
             for node in nodes:
                 self._change(directory, (name, str(node), None))
-        await self._changed(directory, [name], but=asker, forgotten_by=asker)
+        return unreached + await self._changed(directory, [name], but=asker, forgotten_by=asker,
+                                               index_home=index_home)
 
     async def op_replace(self, directory: str, name: str, nodes: list[str], is_dir: bool,
                          asker: str | None = None) -> None:
@@ -2354,15 +2384,21 @@ class IndexLocator:
                 own_home = self.homes.home(path)
             self._forget_homes([path])
         self._drop_listing(directory)  # not revoked by the home: this node is the asker
+        if own_home == self._peers.me:  # its index here goes here; the others' with the drop
+            await self._forget_index_at(own_home, path)
         try:
-            await self._dir_call(directory, msg.IndexDrop(directory, name, nodes, self._peers.me))
+            unreached = await self._dir_call(directory, msg.IndexDrop(directory, name, nodes, self._peers.me,
+                                                                      own_home))
         except OSError as exc:
             log.info("could not record the removal of %s at the home of %s: %s", path, directory, exc)
             self._owe_home_of(directory)
+            if own_home not in (None, self._peers.me):
+                await self._forget_index_at(own_home, path)
+        else:
+            for home in unreached:
+                self._owe(home, path)
         if is_dir:  # again: the parent's home does not revoke here a home of `path` learnt meanwhile
             self._forget_homes([path])
-        if own_home is not None:
-            await self._forget_index_at(own_home, path)
 
     async def _forget_index_at(self, home: str, directory: str) -> None:
         """`directory` is gone (or was never made): its home drops its index; owed when it does not answer."""

@@ -615,6 +615,55 @@ async def test_rmdir_revokes_the_home_at_every_node_that_learnt_it_but_the_remov
 
 
 @trio_test
+async def test_rmdir_forgets_the_directorys_index_at_its_home_with_the_drop(tmp_path: Path) -> None:
+    """The parent's home has the removed directory's index forgotten where it is homed: itself,
+    in the record copy it sends its backup anyway, or in one message of its own -- the remover
+    sends the drop and nothing after it (it did: an IndexForget of its own, a round trip more)."""
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        homes = homes_of(cluster)
+        top = made_at(homes, "n4", "n4", "/top")  # top's backup is n3
+        await cluster["n4"].namespace.mkdir(top, 0o755)
+        # (its home, who makes and removes it, messages the removal sends, IndexForgets served)
+        cases = [("n3", "n4", 1, {}),  # n4 drops it itself; the record copy to n3 forgets it
+                 ("n4", "n3", 2, {}),  # the drop; n4 forgets it itself and sends the record copy
+                 ("n2", "n1", 3, {"n2": 1})]  # drop, record copy, and n4 tells n2
+        for home, remover, messages, forgets in cases:
+            sub = made_at(homes, home, remover, f"{top}/sub-{home}-")
+            await cluster[remover].namespace.mkdir(sub, 0o755)
+            with pytest.raises(FileNotFoundError):
+                await cluster[remover].namespace.lookup(f"{sub}/missing")
+            index = cluster[home].index
+            assert index is not None
+            built = index.statistics().directories
+            cluster.reset_counts()
+            await cluster[remover].namespace.rmdir(sub)
+            removal = {op: sum(cluster.served(op).values()) for op in ("index_drop", "index_records", "index_forget")}
+            assert sum(removal.values()) == messages, (home, remover, removal)  # (the lookups before it aside)
+            assert {n: c for n, c in cluster.served("index_forget").items() if c} == forgets, (home, remover)
+            assert index.statistics().directories == built - 1, (home, remover)
+            cluster[home].put(f"{sub}/made-outside", b"x")  # the name again, made on its home's disk directly
+            assert (await cluster[remover].namespace.lookup(f"{sub}/made-outside")).node == home
+        # a home that does not answer is owed the forget by the remover (the reply names it)
+        sub = made_at(homes, "n2", "n1", f"{top}/unreached-")
+        await cluster["n1"].namespace.mkdir(sub, 0o755)
+        with pytest.raises(FileNotFoundError):
+            await cluster["n1"].namespace.lookup(f"{sub}/missing")
+        index = cluster["n2"].index
+        assert index is not None
+        built = index.statistics().directories
+        cluster.stop("n2")  # its server only: the index it keeps stays (a network cut, not a crash)
+        await cluster["n1"].namespace.rmdir(sub)
+        assert index.statistics().directories == built
+        await cluster.restart("n2")
+        for node in NODES:
+            cluster[node].pool.set_peers(cluster.addresses())
+        locator = cluster["n1"].locator
+        assert isinstance(locator, IndexLocator)
+        await locator.flush_owed()
+        assert index.statistics().directories == built - 1
+
+
+@trio_test
 async def test_a_mkdir_that_fails_after_its_claim_leaves_no_seeded_index(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The parent's home seeds the new directory during the claim, before it exists on disk:
