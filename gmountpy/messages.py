@@ -1084,6 +1084,26 @@ class IndexBackup(Request[T]):
 
 
 @dataclass(frozen=True)
+class Recorded(Request[T]):
+    """`request`, a change to a file the asked node holds (chmod, utimens, truncate or unlink),
+    made there and then recorded by that node at `home`, the home `asker` knows for the file's
+    directory, as a change `asker` made: from an asker far from the home, one round trip, with
+    the record sent from the holder, nearer the home. The reply is `request`'s. On the wire:
+    [home, asker, request's op, request's arguments]."""
+
+    op = "recorded"
+    home: str
+    asker: str
+    request: Request[T]
+
+    def args(self) -> list[Any]:
+        return [self.home, self.asker, self.request.op, self.request.args()]
+
+    def decode(self, value: Any) -> T:
+        return self.request.decode(value)
+
+
+@dataclass(frozen=True)
 class IndexPart(Request[PartOk[T] | PartRedirect]):
     """`request` at the server of `partition` of a split directory, by the asker's map of its
     partitions (`bitmap`) and its `home`. On the wire: [partition, home, bitmap, request's op,

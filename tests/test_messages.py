@@ -146,6 +146,7 @@ LOOKED_UP = {"holders": [["n1", ATTR, None], ["n2", ATTR, "n1"]], "complete": Tr
 def test_forwarding_requests_carry_the_request_and_decode_its_reply() -> None:
     lookup = msg.IndexLookup("/d", "a", "n3")
     assert msg.IndexBackup("n1", lookup).args() == ["n1", "index_lookup", ["/d", "a", "n3", False]]
+    assert msg.Recorded("n2", "n1", msg.Unlink("/d/a")).args() == ["n2", "n1", "unlink", ["/d/a"]]
     assert msg.IndexPart(3, "n1", [0, 1, 3], lookup).args() == [3, "n1", [0, 1, 3], "index_lookup",
                                                                  ["/d", "a", "n3", False]]
     stood_in = msg.IndexBackup("n1", lookup).decode(LOOKED_UP)
@@ -206,6 +207,7 @@ LISTED = {"entries": [["a", [["n1", ATTR, None]], None]], "complete": True, "exi
     (msg.IndexPart(1, "n1", [0, 1], msg.IndexList("/d")), ["moved", [0, 1]], "index_part"),
     (msg.IndexPart(1, "n1", [0, 1], msg.IndexLookup("/d", "a")), ["ok", {"holders": []}, [0, 1]], "index_lookup"),
     (msg.IndexBackup("n2", msg.IndexClaim("/d", "a", "n1")), "taken", "index_claim"),
+    (msg.Recorded("n2", "n1", msg.Chmod("/d/a", 0o600)), None, "chmod"),
     (msg.Rescan(), None, "rescan"),
 ])
 def test_a_malformed_index_reply_is_a_protocol_error_naming_the_op(request_: msg.Request[Any], reply: Any,
@@ -294,6 +296,14 @@ async def _every_index_op(n1: _Conversation, n2: _Conversation) -> None:
                                  "exists": True, "holders": ["n1"], "negatives": {}, "listing_leases": {},
                                  "child_homes": {}, "home_leases": {}}
     assert await n1.ask(msg.IndexSplit("/data/big2", payload)) is None
+
+    # a change made on its holder (n2), which records it at the home the asker names
+    changed = await n2.ask(msg.Recorded("n2", "n1", msg.Chmod("/data/b.txt", 0o600)))
+    assert stat.S_IMODE(changed.mode) == 0o600
+    with pytest.raises(OSError) as refused:
+        await n2.ask(msg.Recorded("n2", "n1", msg.Rmdir("/data")))
+    assert refused.value.errno == errno.EINVAL and "does not record 'rmdir'" in str(refused.value)
+    assert await n2.ask(msg.Recorded("n2", "n1", msg.Unlink("/data/b.txt"))) is None
 
 
 async def _every_op(state: ClusterState, exports: dict[str, Path], ca: ClusterCA) -> set[str]:

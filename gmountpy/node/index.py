@@ -349,6 +349,8 @@ _NAME_OPS = ("index_lookup", "index_claim", "index_set", "index_drop", "index_re
 _GATED_OPS = (*_BACKED_OPS, "index_sync", "index_adopt")
 #: Operations sent to a partition's server (`index_part`).
 _PART_OPS = (*_BACKED_OPS, "index_sync")
+#: Changes to a file that its holder records at the directory's home for a far asker (`recorded`).
+_RECORDED_OPS = ("chmod", "utimens", "truncate", "unlink")
 #: No directory splits into more partitions than this (a bound on the bitmap sent with requests).
 MAX_PARTITIONS = 1 << 12
 #: Redirects a request for a name of a split directory may meet before the asker gives up on
@@ -1657,7 +1659,7 @@ class IndexLocator:
 
     def operations(self) -> dict[str, Callable[..., Awaitable[Any]]]:
         """The revocations homes send to this node, for NodeService's `extra` table."""
-        return {"index_unhome": self.op_unhome, "index_unlist": self.op_unlist}
+        return {"index_unhome": self.op_unhome, "index_unlist": self.op_unlist, "recorded": self.op_recorded}
 
     async def op_unhome(self, prefixes: list[str], indexes: bool = False) -> None:
         """The directories under `prefixes` are gone or moved: forget their homes, listings and the
@@ -1715,8 +1717,9 @@ class IndexLocator:
         Raises PeerUnavailable when neither answers (or the home cannot be found)."""
         return (await self._dir_call_via(directory, request))[0]
 
-    async def _dir_call_via(self, directory: str, request: Request[R]) -> tuple[R, str | None]:
-        """`_dir_call`, and the home the backup stood in for (None: the home answered).
+    async def _dir_call_via(self, directory: str, request: Request[R], home: str | None = None) -> tuple[R, str | None]:
+        """`_dir_call`, and the home the backup stood in for (None: the home answered). `home`: the
+        directory's home as an asker of this node knows it (msg.Recorded), instead of this node's.
 
         A name of a split directory goes to the server of its partition by this node's map of
         the directory's partitions (learnt from replies): one round trip while the map is
@@ -1725,13 +1728,13 @@ class IndexLocator:
         is asked again where the merged map says; a partition's server that does not answer
         is PeerUnavailable (the caller asks every node instead)."""
         if not isinstance(request, msg.IndexNameRequest):
-            return await self._home_call_via(directory, request)
+            return await self._home_call_via(directory, request, home)
         hashed = name_hash(request.name)
         for _ in range(_MAX_HOPS):
             bitmap = self._parts.get(directory)
             if bitmap is None:
                 try:
-                    reply, stood_in_for = await self._home_call_via(directory, request)
+                    reply, stood_in_for = await self._home_call_via(directory, request, home)
                 except OSError as exc:
                     if isinstance(exc, PeerUnavailable) or exc.errno != errno.ESTALE:
                         raise
@@ -1770,10 +1773,11 @@ class IndexLocator:
         if len(self._parts) > self._max:
             self._parts.pop(next(iter(self._parts)))
 
-    async def _home_call_via(self, directory: str, request: Request[R]) -> tuple[R, str | None]:
-        """`request` at the home of `directory`, or at its backup when the home does not answer; and
-        the home the backup stood in for (None: the home answered)."""
-        home = await self._home_node(directory)
+    async def _home_call_via(self, directory: str, request: Request[R],
+                             home: str | None = None) -> tuple[R, str | None]:
+        """`request` at the home of `directory` (`home` when given), or at its backup when the home
+        does not answer; and the home the backup stood in for (None: the home answered)."""
+        home = home or await self._home_node(directory)
         failure: PeerUnavailable
         if not self._peers.is_down(home):
             try:
@@ -2373,6 +2377,77 @@ class IndexLocator:
         except OSError as exc:
             log.info("could not record the change of %s at the home of %s: %s", path, directory, exc)
             self._owe_home_of(directory)
+
+    async def change(self, node: str, path: str, request: Request[R]) -> R:
+        """`request` (chmod, utimens, truncate, unlink: `_RECORDED_OPS`) on `node`, the one holder of
+        `path`, recorded at its directory's home before this returns. When `node` is nearer that
+        home than this node (the home is at the holder's site, this node at another), `node`
+        records it (msg.Recorded): one round trip across the WAN, not one to the holder and
+        another to the home."""
+        directory, _ = split_parent(path)
+        self._drop_listing(directory)  # not revoked by the home: this node is the asker
+        home = self._relay_home(node, directory)
+        if home is not None:
+            return await self._peers.ask(node, msg.Recorded(home, self._peers.me, request))
+        result = await self._peers.ask(node, request)
+        await self._record(node, path, request, result, self._peers.me, None)
+        return result
+
+    def _relay_home(self, node: str, directory: str) -> str | None:
+        """The home `node` should record a change of `directory` at (None: this node records it):
+        only a home known here, of a directory not split, nearer `node` than this node."""
+        if node == self._peers.me or directory in self._parts:
+            return None
+        home = self.homes.home(directory) if directory == "/" or self.homes.central is not None else None
+        cached = self._homes.get(directory)
+        if home is None and cached is not None and cached[1] > trio.current_time():
+            home = cached[0]
+        if home is None or self._distance(node, home) >= self._distance(self._peers.me, home):
+            return None
+        return home
+
+    def _distance(self, a: str, b: str) -> float:
+        """How far a round trip from `a` to `b` goes: none to itself, then within a site, then to
+        other sites by the overlay's RTT (unknown: as far as can be)."""
+        if a == b:
+            return 0.0
+        site_a, site_b = self.homes.site_of.get(a), self.homes.site_of.get(b)
+        if site_a == site_b:
+            return 1.0
+        return 2.0 + self.homes.site_rtt.get((str(site_a), str(site_b)), float("inf"))
+
+    async def _record(self, node: str, path: str, request: Request[Any], result: Any, asker: str,
+                      home: str | None) -> None:
+        """Record `request`, made on `node` with `result`, at the home of the directory of `path`
+        (`home`, when an asker told it) as a change `asker` made."""
+        directory, name = split_parent(path)
+        record: Request[None] | Request[list[str]]
+        if isinstance(request, msg.Unlink):
+            record = msg.IndexDrop(directory, name, [node], asker)
+        elif isinstance(result, Attr):
+            record = msg.IndexSet(directory, name, node, result, None, result.is_dir, asker)
+        else:
+            raise TypeError(f"{request.op} is not a change a home records")
+        try:
+            await self._dir_call_via(directory, record, home)
+        except OSError as exc:
+            log.info("could not record the change of %s at the home of %s: %s", path, directory, exc)
+            if home is not None:
+                self._owe(home, directory)
+            else:
+                self._owe_home_of(directory)
+
+    async def op_recorded(self, home: str, asker: str, op: str, args: list[Any]) -> Any:
+        """msg.Recorded: the change `op` to a file this node holds, made here for `asker` and
+        recorded at `home` before the reply."""
+        if op not in _RECORDED_OPS:
+            raise OSError(errno.EINVAL, f"node {self._peers.me} does not record {op!r} for another node")
+        request = msg.REQUESTS[op](*args)
+        assert isinstance(request, msg.Chmod | msg.Utimens | msg.Truncate | msg.Unlink)
+        result = await self._peers.call(self._peers.me, op, *args)
+        await self._record(self._peers.me, str(request.path), request, request.decode(result), str(asker),
+                           str(home))
+        return result
 
     async def announce_removed(self, path: str, nodes: list[str], is_dir: bool = False) -> None:
         directory, name = split_parent(path)

@@ -77,7 +77,9 @@ class Locator(Protocol):
 
     The `announce_*` calls are made after a change to an export has happened (or, for
     `claim`, before a create on this node) and return once every node that must know
-    of it knows: they carry the hand-off contract, whatever the lookup scheme.
+    of it knows: they carry the hand-off contract, whatever the lookup scheme. `change`
+    makes a change to a file on its one holder and announces it, as one step: the
+    locator may have the holder announce it.
     """
 
     order: list[str]  # every node, in this node's lookup order
@@ -91,6 +93,7 @@ class Locator(Protocol):
     async def announce_created(self, path: str, is_dir: bool = False) -> None: ...
     async def announce_changed(self, path: str, location: Location) -> None: ...
     async def announce_removed(self, path: str, nodes: list[str], is_dir: bool = False) -> None: ...
+    async def change(self, node: str, path: str, request: Request[R]) -> R: ...
     async def announce_renamed(self, src: str, dst: str, is_dir: bool, holders: list[str]) -> None: ...
     async def announce_unsure(self, paths: list[str]) -> None: ...
     def statistics(self) -> LocatorStatistics: ...
@@ -335,6 +338,11 @@ class FloodLocator:
 
     async def announce_removed(self, path: str, nodes: list[str], is_dir: bool = False) -> None:
         """Removed from `nodes`: searches ask the disks, nothing to send."""
+
+    async def change(self, node: str, path: str, request: Request[R]) -> R:
+        """`request`, a change to `path` on its one holder `node` (announced as announce_changed
+        or announce_removed would: nothing to send)."""
+        return await self._peers.ask(node, request)
 
     async def announce_renamed(self, src: str, dst: str, is_dir: bool, holders: list[str]) -> None:
         await self.announce_created(dst, is_dir)  # the new name must not be "not found" anywhere

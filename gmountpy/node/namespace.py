@@ -429,16 +429,18 @@ class Namespace:
             raise _enoent(path)
         if holders[0].attr.is_dir:
             raise IsADirectoryError(errno.EISDIR, f"{path} is a directory")
+        files = [location.node for location in holders if not location.attr.is_dir]
         try:
-            for location in holders:
-                if not location.attr.is_dir:
-                    await self.peers.ask(location.node, msg.Unlink(path))
+            if len(holders) == 1:  # the common case: removed and announced as one step
+                await self.locator.change(files[0], path, msg.Unlink(path))
+            else:
+                for node in files:
+                    await self.peers.ask(node, msg.Unlink(path))
+                await self.locator.announce_removed(path, files)
         except BaseException:
             with trio.CancelScope(shield=True):
                 await self.locator.announce_unsure([path])
             raise
-        else:
-            await self.locator.announce_removed(path, [loc.node for loc in holders if not loc.attr.is_dir])
         finally:
             if any(location.attr.is_dir for location in holders):
                 self.locator.invalidate(path)  # a directory of that name remains elsewhere
@@ -535,6 +537,7 @@ class Namespace:
                       handle: FileHandle | None = None) -> Attr:
         node = handle.node if handle is not None else (await self._original(path)).node
         attr: Attr | None = None
+        changes: list[msg.Request[Attr]] = []  # by path, on `node`: the last one is announced with it
         if size is not None:
             if handle is not None and handle.fd is not None:
                 await off_loop(os.ftruncate, handle.fd, size)
@@ -544,15 +547,20 @@ class Namespace:
                 if handle.reader is not None:
                     handle.reader.invalidate()
             else:
-                attr = await self.peers.ask(node, msg.Truncate(path, size))
+                changes.append(msg.Truncate(path, size))
         if mode is not None:
-            attr = await self.peers.ask(node, msg.Chmod(path, stat.S_IMODE(mode)))
+            changes.append(msg.Chmod(path, stat.S_IMODE(mode)))
         if atime_ns is not None or mtime_ns is not None:
-            attr = await self.peers.ask(node, msg.Utimens(path, atime_ns, mtime_ns))
-        if attr is None:
-            attr = (await self.lookup(path)).attr
+            changes.append(msg.Utimens(path, atime_ns, mtime_ns))
+        for request in changes[:-1]:
+            attr = await self.peers.ask(node, request)
+        if changes:
+            attr = await self.locator.change(node, path, changes[-1])
+        else:
+            if attr is None:
+                attr = (await self.lookup(path)).attr
+            await self.locator.announce_changed(path, Location(node, attr))
         self.locator.learn(path, Location(node, attr))
-        await self.locator.announce_changed(path, Location(node, attr))
         return attr
 
     # -- extended attributes ---------------------------------------------------

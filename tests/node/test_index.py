@@ -615,6 +615,43 @@ async def test_rmdir_revokes_the_home_at_every_node_that_learnt_it_but_the_remov
 
 
 @trio_test
+async def test_a_far_change_is_recorded_by_the_holder_near_the_home(tmp_path: Path) -> None:
+    """chmod, utime and unlink of a file held at the home's site, from another site: one message
+    from the asker (`recorded`, to the holder), which records the change at the home from there;
+    a third node sees it at once. A home at the asker's site is told by the asker, as before."""
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        homes = homes_of(cluster)
+        far = made_at(homes, "n4", "n3", "/far")  # homed at n4, the holder n3's site-mate
+        near = made_at(homes, "n2", "n1", "/near")  # homed at n2, the asker n1's site-mate
+        for directory, maker in ((far, "n3"), (near, "n1")):
+            await cluster[maker].namespace.mkdir(directory, 0o755)
+            handle = await cluster["n3"].namespace.create(f"{directory}/f", os.O_WRONLY | os.O_EXCL, 0o644)
+            await cluster["n3"].namespace.release(handle)
+        ns = cluster["n1"].namespace
+        for directory, asked in ((far, {"n3": {"recorded": 1}, "n4": {"index_set": 1}}),
+                                 (near, {"n3": {"chmod": 1}, "n2": {"index_set": 1}})):
+            assert (await ns.lookup(f"{directory}/f")).node == "n3"  # (the kernel's lookup before a chmod)
+            cluster.reset_counts()
+            attr = await ns.setattr(f"{directory}/f", mode=0o600)
+            assert stat.S_IMODE(attr.mode) == 0o600
+            assert {n: dict(c.served) for n, c in cluster.nodes.items() if c.served} == asked, directory
+            assert stat.S_IMODE((await cluster["n2"].namespace.lookup(f"{directory}/f")).attr.mode) == 0o600
+        cluster.reset_counts()
+        attr = await ns.setattr(f"{far}/f", mtime_ns=10**18)
+        assert attr.mtime_ns == 10**18 and total(cluster) == 2 and cluster["n3"].served["recorded"] == 1
+        assert (await cluster["n4"].namespace.lookup(f"{far}/f")).attr.mtime_ns == 10**18
+        cluster.reset_counts()
+        await ns.unlink(f"{far}/f")
+        assert {n: dict(c.served) for n, c in cluster.nodes.items() if c.served} == \
+            {"n3": {"recorded": 1}, "n4": {"index_lookup": 1, "index_drop": 1}}  # (every holder, asked first)
+        assert cluster.holders(f"{far}/f") == []
+        for node in ("n4", "n2"):
+            cluster[node].locator.invalidate(f"{far}/f")  # (their locations from above: kept for attr_ttl)
+            with pytest.raises(FileNotFoundError):
+                await cluster[node].namespace.lookup(f"{far}/f")  # the home knows
+
+
+@trio_test
 async def test_rmdir_forgets_the_directorys_index_at_its_home_with_the_drop(tmp_path: Path) -> None:
     """The parent's home has the removed directory's index forgotten where it is homed: itself,
     in the record copy it sends its backup anyway, or in one message of its own -- the remover
