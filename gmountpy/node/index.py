@@ -350,7 +350,7 @@ _GATED_OPS = (*_BACKED_OPS, "index_sync", "index_adopt")
 #: Operations sent to a partition's server (`index_part`).
 _PART_OPS = (*_BACKED_OPS, "index_sync")
 #: Changes to a file that its holder records at the directory's home for a far asker (`recorded`).
-_RECORDED_OPS = ("chmod", "utimens", "truncate", "unlink")
+_RECORDED_OPS = ("chmod", "utimens", "truncate", "unlink", "rename")
 #: No directory splits into more partitions than this (a bound on the bitmap sent with requests).
 MAX_PARTITIONS = 1 << 12
 #: Redirects a request for a name of a split directory may meet before the asker gives up on
@@ -1859,6 +1859,13 @@ class IndexLocator:
     def _owe(self, home: str, directory: str) -> None:
         self._owed.setdefault(home, set()).add(directory)
 
+    def _owe_for(self, directory: str, home: str | None) -> None:
+        """`home` (None: the home of `directory` as last known here) missed a change there."""
+        if home is not None:
+            self._owe(home, directory)
+        else:
+            self._owe_home_of(directory)
+
     def _owe_home_of(self, directory: str) -> None:
         """The home of `directory` (as last known) missed a change there."""
         if directory == "/" or self.homes.central is not None:
@@ -2379,14 +2386,18 @@ class IndexLocator:
             self._owe_home_of(directory)
 
     async def change(self, node: str, path: str, request: Request[R]) -> R:
-        """`request` (chmod, utimens, truncate, unlink: `_RECORDED_OPS`) on `node`, the one holder of
-        `path`, recorded at its directory's home before this returns. When `node` is nearer that
+        """`request` (chmod, utimens, truncate, unlink, a file's rename: `_RECORDED_OPS`) on `node`,
+        the one holder of `path`, recorded at its directory's home before this returns. When `node` is nearer that
         home than this node (the home is at the holder's site, this node at another), `node`
         records it (msg.Recorded): one round trip across the WAN, not one to the holder and
         another to the home."""
         directory, _ = split_parent(path)
         self._drop_listing(directory)  # not revoked by the home: this node is the asker
         home = self._relay_home(node, directory)
+        if isinstance(request, msg.Rename):
+            self._drop_listing(split_parent(request.dst)[0])
+            if split_parent(request.dst)[0] != directory:
+                home = None  # two directories, two homes: this node records it
         if home is not None:
             return await self._peers.ask(node, msg.Recorded(home, self._peers.me, request))
         result = await self._peers.ask(node, request)
@@ -2422,6 +2433,9 @@ class IndexLocator:
         (`home`, when an asker told it) as a change `asker` made."""
         directory, name = split_parent(path)
         record: Request[None] | Request[list[str]]
+        if isinstance(request, msg.Rename):
+            await self._record_renamed(request.src, request.dst, False, [node], asker, home)
+            return
         if isinstance(request, msg.Unlink):
             record = msg.IndexDrop(directory, name, [node], asker)
         elif isinstance(result, Attr):
@@ -2432,10 +2446,7 @@ class IndexLocator:
             await self._dir_call_via(directory, record, home)
         except OSError as exc:
             log.info("could not record the change of %s at the home of %s: %s", path, directory, exc)
-            if home is not None:
-                self._owe(home, directory)
-            else:
-                self._owe_home_of(directory)
+            self._owe_for(directory, home)
 
     async def op_recorded(self, home: str, asker: str, op: str, args: list[Any]) -> Any:
         """msg.Recorded: the change `op` to a file this node holds, made here for `asker` and
@@ -2443,10 +2454,10 @@ class IndexLocator:
         if op not in _RECORDED_OPS:
             raise OSError(errno.EINVAL, f"node {self._peers.me} does not record {op!r} for another node")
         request = msg.REQUESTS[op](*args)
-        assert isinstance(request, msg.Chmod | msg.Utimens | msg.Truncate | msg.Unlink)
+        assert isinstance(request, msg.Chmod | msg.Utimens | msg.Truncate | msg.Unlink | msg.Rename)
         result = await self._peers.call(self._peers.me, op, *args)
-        await self._record(self._peers.me, str(request.path), request, request.decode(result), str(asker),
-                           str(home))
+        path = request.src if isinstance(request, msg.Rename) else request.path
+        await self._record(self._peers.me, str(path), request, request.decode(result), str(asker), str(home))
         return result
 
     async def announce_removed(self, path: str, nodes: list[str], is_dir: bool = False) -> None:
@@ -2486,26 +2497,34 @@ class IndexLocator:
     async def announce_renamed(self, src: str, dst: str, is_dir: bool, holders: list[str]) -> None:
         """Drop `src` at its directory's home, record `dst` at its own (revoking "not found"). A
         directory's descendants change path, and so home: every node forgets their homes and indexes."""
+        self._drop_listing(split_parent(src)[0])  # not revoked by their homes: this node is the asker
+        self._drop_listing(split_parent(dst)[0])
+        await self._record_renamed(src, dst, is_dir, holders, self._peers.me, None)
+
+    async def _record_renamed(self, src: str, dst: str, is_dir: bool, holders: list[str], asker: str,
+                              home: str | None) -> None:
+        """announce_renamed's records, as a rename `asker` made (`home`: of both names' directory,
+        as the asker knows it, when the holder records a rename for it)."""
         src_dir, src_name = split_parent(src)
         dst_dir, dst_name = split_parent(dst)
-        self._drop_listing(src_dir)  # not revoked by their homes: this node is the asker
-        self._drop_listing(dst_dir)
-        if not await self._renamed_at_one_home(src, dst, is_dir, holders):
+        if not await self._renamed_at_one_home(src, dst, is_dir, holders, asker, home):
             try:
-                await self._dir_call(src_dir, msg.IndexDrop(src_dir, src_name, None, self._peers.me))
+                await self._dir_call_via(src_dir, msg.IndexDrop(src_dir, src_name, None, asker), home)
             except OSError as exc:
                 log.info("could not record the rename of %s: %s", src, exc)
-                self._owe_home_of(src_dir)
+                self._owe_for(src_dir, home)
             try:
-                await self._dir_call(dst_dir, msg.IndexReplace(dst_dir, dst_name, holders, is_dir, self._peers.me))
+                await self._dir_call_via(dst_dir, msg.IndexReplace(dst_dir, dst_name, holders, is_dir, asker),
+                                         home if dst_dir == src_dir else None)
             except OSError as exc:
                 log.info("could not record the rename to %s: %s; telling every node", dst, exc)
-                self._owe_home_of(dst_dir)
+                self._owe_for(dst_dir, home if dst_dir == src_dir else None)
                 await self._flood.announce_created(dst, is_dir)
         if is_dir:
             await self._forget_everywhere([src, dst])
 
-    async def _renamed_at_one_home(self, src: str, dst: str, is_dir: bool, holders: list[str]) -> bool:
+    async def _renamed_at_one_home(self, src: str, dst: str, is_dir: bool, holders: list[str], asker: str,
+                                   home: str | None) -> bool:
         """A rename within one directory, in one message to its home (IndexRename); False when
         the two messages are needed instead: two directories, or names a split directory serves
         on different nodes."""
@@ -2518,13 +2537,13 @@ class IndexLocator:
                                                                                              bitmap):
             return False
         try:
-            await self._dir_call(directory, msg.IndexRename(directory, dst_name, src_name, holders, is_dir,
-                                                            self._peers.me))
+            await self._dir_call_via(directory, msg.IndexRename(directory, dst_name, src_name, holders, is_dir,
+                                                                asker), home)
         except OSError as exc:
             if not isinstance(exc, PeerUnavailable) and exc.errno == errno.EXDEV:
                 return False  # split in partitions this node did not know of yet
             log.info("could not record the rename of %s to %s: %s; telling every node", src, dst, exc)
-            self._owe_home_of(directory)
+            self._owe_for(directory, home)
             await self._flood.announce_created(dst, is_dir)
         return True
 

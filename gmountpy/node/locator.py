@@ -78,8 +78,8 @@ class Locator(Protocol):
     The `announce_*` calls are made after a change to an export has happened (or, for
     `claim`, before a create on this node) and return once every node that must know
     of it knows: they carry the hand-off contract, whatever the lookup scheme. `change`
-    makes a change to a file on its one holder and announces it, as one step: the
-    locator may have the holder announce it.
+    makes a change to a file on its one holder (chmod, utimens, truncate, unlink, or a
+    rename) and announces it, as one step: the locator may have the holder announce it.
     """
 
     order: list[str]  # every node, in this node's lookup order
@@ -340,9 +340,12 @@ class FloodLocator:
         """Removed from `nodes`: searches ask the disks, nothing to send."""
 
     async def change(self, node: str, path: str, request: Request[R]) -> R:
-        """`request`, a change to `path` on its one holder `node` (announced as announce_changed
-        or announce_removed would: nothing to send)."""
-        return await self._peers.ask(node, request)
+        """`request`, a change to `path` on its one holder `node`, announced as announce_changed,
+        announce_removed or (a rename) announce_renamed would."""
+        result = await self._peers.ask(node, request)
+        if isinstance(request, msg.Rename):
+            await self.announce_renamed(request.src, request.dst, False, [node])
+        return result
 
     async def announce_renamed(self, src: str, dst: str, is_dir: bool, holders: list[str]) -> None:
         await self.announce_created(dst, is_dir)  # the new name must not be "not found" anywhere

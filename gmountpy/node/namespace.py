@@ -423,6 +423,27 @@ class Namespace:
         """Every holder, for a change that must reach all of them (EIO if a node cannot be asked)."""
         return await self.locator.find_all(path, strict=True)
 
+    async def _holders_of_both(self, src: str, dst: str) -> tuple[list[Location], list[Location]]:
+        """`_all_holders` of both names of a rename, asked at once (one round trip, not two, when
+        they are in one remote directory); `src`'s error first."""
+        found: dict[str, list[Location] | OSError] = {}
+
+        async def holders(path: str) -> None:
+            try:
+                found[path] = await self._all_holders(path)
+            except OSError as exc:
+                found[path] = exc
+
+        async with open_nursery() as nursery:
+            nursery.start_soon(holders, src)
+            nursery.start_soon(holders, dst)
+        sources, targets = found[src], found[dst]
+        if isinstance(sources, OSError):
+            raise sources
+        if isinstance(targets, OSError):
+            raise targets
+        return sources, targets
+
     async def unlink(self, path: str) -> None:
         holders = await self._all_holders(path)
         if not holders:
@@ -467,16 +488,21 @@ class Namespace:
         """Rename; returns whether `src` was a directory (its children moved with it)."""
         if flags & RENAME_EXCHANGE:
             raise OSError(errno.EINVAL, "RENAME_EXCHANGE is not supported across a union")
-        sources = await self._all_holders(src)
+        sources, targets = await self._holders_of_both(src, dst)
         if not sources:
             raise _enoent(src)
-        targets = await self._all_holders(dst)
         if targets and flags & RENAME_NOREPLACE:
             raise FileExistsError(errno.EEXIST, f"{dst} exists")
         is_dir = sources[0].attr.is_dir
+        holder = sources[0].node
+        # the common case, a file on one node and no other `dst` anywhere: renamed and announced in one step
+        one_step = (not is_dir and len(sources) == 1 and sources[0].replica_of is None
+                    and all(target.node == holder and not target.attr.is_dir for target in targets))
         try:
             if is_dir:
                 await self._rename_dir(src, dst, sources, targets)
+            elif one_step:
+                await self.locator.change(holder, src, msg.Rename(src, dst))
             else:
                 await self._rename_file(src, dst, sources, targets)
         except BaseException:
@@ -485,9 +511,10 @@ class Namespace:
             raise
         finally:
             self.locator.note_renamed(src, dst, is_dir)
-        moved = ([loc.node for loc in sources if loc.attr.is_dir] if is_dir else
-                 [next(loc.node for loc in sources if loc.replica_of is None)])
-        await self.locator.announce_renamed(src, dst, is_dir, moved)  # no node may say "not found" for dst
+        if not one_step:
+            moved = ([loc.node for loc in sources if loc.attr.is_dir] if is_dir else
+                     [next(loc.node for loc in sources if loc.replica_of is None)])
+            await self.locator.announce_renamed(src, dst, is_dir, moved)  # no node may say "not found" for dst
         return is_dir
 
     async def _rename_file(self, src: str, dst: str, sources: list[Location], targets: list[Location]) -> None:

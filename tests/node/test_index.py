@@ -616,9 +616,9 @@ async def test_rmdir_revokes_the_home_at_every_node_that_learnt_it_but_the_remov
 
 @trio_test
 async def test_a_far_change_is_recorded_by_the_holder_near_the_home(tmp_path: Path) -> None:
-    """chmod, utime and unlink of a file held at the home's site, from another site: one message
-    from the asker (`recorded`, to the holder), which records the change at the home from there;
-    a third node sees it at once. A home at the asker's site is told by the asker, as before."""
+    """chmod, utime, rename and unlink of a file held at the home's site, from another site: one
+    message from the asker (`recorded`, to the holder), which records the change at the home from
+    there; a third node sees it at once. A home at the asker's site is told by the asker, as before."""
     async with open_cluster(tmp_path, lookup="index") as cluster:
         homes = homes_of(cluster)
         far = made_at(homes, "n4", "n3", "/far")  # homed at n4, the holder n3's site-mate
@@ -641,14 +641,20 @@ async def test_a_far_change_is_recorded_by_the_holder_near_the_home(tmp_path: Pa
         assert attr.mtime_ns == 10**18 and total(cluster) == 2 and cluster["n3"].served["recorded"] == 1
         assert (await cluster["n4"].namespace.lookup(f"{far}/f")).attr.mtime_ns == 10**18
         cluster.reset_counts()
-        await ns.unlink(f"{far}/f")
+        await ns.rename(f"{far}/f", f"{far}/g")  # both names asked for at once, then renamed and recorded
+        assert {n: dict(c.served) for n, c in cluster.nodes.items() if c.served} == \
+            {"n3": {"recorded": 1}, "n4": {"index_lookup": 2, "index_rename": 1}}
+        assert (await cluster["n2"].namespace.lookup(f"{far}/g")).node == "n3"
+        cluster.reset_counts()
+        await ns.unlink(f"{far}/g")
         assert {n: dict(c.served) for n, c in cluster.nodes.items() if c.served} == \
             {"n3": {"recorded": 1}, "n4": {"index_lookup": 1, "index_drop": 1}}  # (every holder, asked first)
-        assert cluster.holders(f"{far}/f") == []
+        assert cluster.holders(f"{far}/f") == [] and cluster.holders(f"{far}/g") == []
         for node in ("n4", "n2"):
-            cluster[node].locator.invalidate(f"{far}/f")  # (their locations from above: kept for attr_ttl)
-            with pytest.raises(FileNotFoundError):
-                await cluster[node].namespace.lookup(f"{far}/f")  # the home knows
+            for name in ("f", "g"):
+                cluster[node].locator.invalidate(f"{far}/{name}")  # (their locations from above: kept for attr_ttl)
+                with pytest.raises(FileNotFoundError):
+                    await cluster[node].namespace.lookup(f"{far}/{name}")  # the home knows
 
 
 @trio_test
