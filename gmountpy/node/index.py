@@ -53,6 +53,14 @@ their own node, whose export is read first). Changes that arrive while a
 directory is being built are replayed over the listings; claims not yet
 visible on disk survive a rebuild.
 
+A change to a file (chmod, utimens, truncate, unlink, a rename within its
+directory) is made on its holder and then recorded at the home. When the home
+is nearer the holder than the asker (at the holder's site, the asker at
+another), the asker sends the change to the holder as `recorded` and the
+holder records it (IndexLocator.change): one round trip across the WAN, not
+two. A removed directory's own index is forgotten by its parent's home, with
+the drop (itself, in the record copy to its backup, or one message).
+
 A home that does not answer is replaced by its **backup** (the next node of
 its site): the asker sends the request to it as `index_backup`; the backup
 lists the directory from the exports (the dead home's own files are out of
