@@ -636,23 +636,26 @@ def plot(result: dict[str, Any], path: Path) -> None:
     span = f"{rtts[0]:g}-{rtts[-1]:g}" if len(rtts) > 1 else f"{rtts[0]:g}"
     fig.suptitle(f"Aggregate metadata ops/s, {result['clients']} clients on {result.get('sites', 4)} WAN sites "
                  f"(RTT {span} ms), "
-                 f"{result['ops_per_client']} ops/client/type — commit {result['commit'][:10]}", fontsize=9)
+                 f"{result['ops_per_client']} ops/client/type — " + (
+                     f"commit {result['commit'][:10]}" if len(result.get("commits", [])) <= 1
+                     else f"{len(result['commits'])} commits, one per part (see the JSON)"), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    if len(systems) > 1 and "gmountpy" in systems:
+    ours = next((s for s in ("gmountpy-index", "gmountpy") if s in systems), None)  # the default lookup first
+    if len(systems) > 1 and ours is not None:
         fig, ax = plt.subplots(figsize=(9, 4))
-        for base in [s for s in systems if s != "gmountpy"]:
+        for base in [s for s in systems if s != ours]:
             for op in ("stat", "open_close", "chmod", "creat", "stat_missing"):
-                ys = [value[("gmountpy", r, op)] / value[(base, r, op)] if value.get((base, r, op)) else 0
+                ys = [value[(ours, r, op)] / value[(base, r, op)] if value.get((base, r, op)) else 0
                       for r in r_values]
                 ax.plot(r_values, ys, marker="o", label=f"{op} vs {base}")
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_yscale("log")
         ax.set_xlabel("r_adj (fraction of targets at the client's site)")
-        ax.set_ylabel("gmountpy ops/s ÷ baseline ops/s")
+        ax.set_ylabel(f"{ours} ops/s ÷ baseline ops/s")
         ax.legend(fontsize=7, ncol=2)
-        ax.set_title("gmountpy relative to the other systems in the same run", fontsize=9)
+        ax.set_title(f"{ours} relative to the other systems in the same run", fontsize=9)
         fig.tight_layout()
         fig.savefig(path.with_name(path.stem + "_ratio.png"), dpi=110)
         plt.close(fig)

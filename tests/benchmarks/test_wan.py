@@ -266,6 +266,19 @@ def test_a_run_in_parts_is_complete_only_with_every_system_at_every_r_adj_and_op
     assert parts == [{"commit": "a"}, {"commit": "b"}]
 
 
+def test_a_run_with_the_index_but_not_flood_gets_its_ratio_plot(tmp_path: Path) -> None:
+    """The ratio plot puts the default lookup (the index) over every other system; it was drawn
+    only when flood ("gmountpy") was in the run, and put flood over the rest."""
+    from benchmarks.wan import bench_meta
+
+    rows = [{"system": system, "r_adj": r, "op": op, "ops_per_s": 10.0 if system == "gmountpy-index" else 5.0}
+            for system in ("gmountpy-index", "moosefs") for r in (0.2, 1.0) for op in bench_meta.OPS]
+    result = {"results": rows, "clients": 8, "sites": 4, "ops_per_client": 10, "commit": "a" * 40,
+              "commits": ["a" * 40, "b" * 40]}
+    bench_meta.plot(result, tmp_path / "meta.png")
+    assert (tmp_path / "meta.png").stat().st_size > 0 and (tmp_path / "meta_ratio.png").stat().st_size > 0
+
+
 def test_settle_waits_for_idle_cpus_at_most_its_limit() -> None:
     """--isolated waits before each client until the CPUs are idle; a busy machine costs the limit, no more."""
     from benchmarks.wan import bench_meta
