@@ -2395,10 +2395,10 @@ class IndexLocator:
 
     async def change(self, node: str, path: str, request: Request[R]) -> R:
         """`request` (chmod, utimens, truncate, unlink, a file's rename: `_RECORDED_OPS`) on `node`,
-        the one holder of `path`, recorded at its directory's home before this returns. When `node` is nearer that
-        home than this node (the home is at the holder's site, this node at another), `node`
-        records it (msg.Recorded): one round trip across the WAN, not one to the holder and
-        another to the home."""
+        the one holder of `path`, recorded at its directory's home before this returns. When
+        `node` is nearer that home than this node (the home is at the holder's site, this node
+        at another), `node` records it (msg.Recorded): one round trip across the WAN, not one
+        to the holder and another to the home."""
         directory, _ = split_parent(path)
         self._drop_listing(directory)  # not revoked by the home: this node is the asker
         home = self._relay_home(node, directory)
