@@ -991,7 +991,8 @@ class IndexDrop(IndexNameRequest[list[str]]):
     """`name` is gone from `nodes` (None: from every node); `asker` removed it. A removed
     subdirectory's index is forgotten at its home (and at `index_home`, where the asker saw it
     homed) by the directory's home; the reply names the homes that did not answer (the asker
-    owes them the forget)."""
+    owes them the forget). `keep`: the asker is the directory's backup and drops its copy of
+    the subdirectory's record itself (no copy is sent to it)."""
 
     op = "index_drop"
     directory: str
@@ -999,6 +1000,7 @@ class IndexDrop(IndexNameRequest[list[str]]):
     nodes: list[str] | None = None
     asker: str | None = None
     index_home: str | None = None
+    keep: bool = False
 
     def decode(self, value: Any) -> list[str]:
         return [_str(node, self.op) for node in _list(value, self.op)]

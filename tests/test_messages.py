@@ -135,7 +135,7 @@ def test_requests_send_their_fields_in_order() -> None:
     assert msg.Utimens("/a", None, 5).args() == ["/a", None, 5]
     assert msg.Ping().args() == []
     assert msg.Read.op == "read" and msg.PutClose.op == "put_close"
-    assert msg.IndexDrop("/d", "a", ["n1"]).args() == ["/d", "a", ["n1"], None, None]  # defaults are sent too
+    assert msg.IndexDrop("/d", "a", ["n1"]).args() == ["/d", "a", ["n1"], None, None, False]  # defaults are sent too
 
 
 ATTR = list(Attr.from_stat(os.stat(__file__)))

@@ -59,7 +59,8 @@ is nearer the holder than the asker (at the holder's site, the asker at
 another), the asker sends the change to the holder as `recorded` and the
 holder records it (IndexLocator.change): one round trip across the WAN, not
 two. A removed directory's own index is forgotten by its parent's home, with
-the drop (itself, in the record copy to its backup, or one message).
+the drop (itself, in the record copy to its backup, or one message); a remover
+that is the parent home's backup drops its copy of the record itself.
 
 A home that does not answer is replaced by its **backup** (the next node of
 its site): the asker sends the request to it as `index_backup`; the backup
@@ -715,12 +716,13 @@ class DirectoryIndex:
         return self.home_lease
 
     async def _drop_home(self, directory: str, name: str, *, forgotten_by: str | None = None,
-                         index_home: str | None = None) -> list[str]:
+                         index_home: str | None = None, kept: bool = False) -> list[str]:
         """Subdirectory `name` is gone: forget its home; whoever was told it forgets it too (a
         directory made again under that name may be homed elsewhere) -- but `forgotten_by`, the
         node that removed it through its mount, which forgets it itself before and after. Its
         index goes at its home (and at `index_home`, where the remover saw it homed): here, with
-        the records copy at the backup, or in one message. The homes that did not answer."""
+        the records copy at the backup, or in one message. `kept`: the remover is the backup and
+        drops its copy of the record itself. The homes that did not answer."""
         records = self._child_homes.get(directory)
         home = records.pop(name, None) if records is not None else None
         homes = {node for node in (home, index_home) if node is not None}
@@ -730,7 +732,10 @@ class DirectoryIndex:
             return await self._forget_gone(_join(directory, name), homes)
         if records is not None and not records:
             self._child_homes.pop(directory, None)
-        backup = await self._copy_records(directory, {name: None})  # the backup forgets its index too
+        if kept and forgotten_by is not None and self._backup_node(directory) == forgotten_by:
+            backup: str | None = forgotten_by
+        else:
+            backup = await self._copy_records(directory, {name: None})  # the backup forgets its index too
         names = self._home_leases.get(directory)
         leases = names.pop(name, None) if names is not None else None
         if names is not None and not names:
@@ -815,16 +820,18 @@ class DirectoryIndex:
                     nursery.start_soon(tell, node)
 
     async def _changed(self, directory: str, names: Sequence[str], *, but: str | None,
-                       forgotten_by: str | None = None, index_home: str | None = None) -> list[str]:
+                       forgotten_by: str | None = None, index_home: str | None = None,
+                       kept: bool = False) -> list[str]:
         """After a change in `directory`: subdirectories that are gone lose their homes and
         indexes, and every listing of the directory handed out is revoked (`but`,
-        `forgotten_by`, `index_home`: see `_tell`, `_drop_home`). The homes that did not answer."""
+        `forgotten_by`, `index_home`, `kept`: see `_tell`, `_drop_home`). The homes that did not answer."""
         current = self._dirs.get(directory)
         unreached: list[str] = []
         for name in names:
             gone = current is not None and not any(h.is_dir for h in current.entries.get(name, {}).values())
             if gone and (name in self._child_homes.get(directory, {}) or index_home is not None):
-                unreached += await self._drop_home(directory, name, forgotten_by=forgotten_by, index_home=index_home)
+                unreached += await self._drop_home(directory, name, forgotten_by=forgotten_by, index_home=index_home,
+                                                   kept=kept)
         leases = self._listing_leases.pop(directory, None)
         if leases:
             await self._tell(leases, msg.IndexUnlist(directory), but=but)
@@ -1261,25 +1268,27 @@ class DirectoryIndex:
         await self._changed(directory, [name], but=node if asker is None else str(asker))
 
     async def op_drop(self, directory: str, name: str, nodes: list[str] | None = None,
-                      asker: str | None = None, index_home: str | None = None) -> list[str]:
+                      asker: str | None = None, index_home: str | None = None, keep: bool = False) -> list[str]:
         """`name` is gone from `nodes` (None: from every node). `asker`, the node that removed it,
         keeps its listing and forgets a removed directory's home itself (IndexLocator's
         announce_removed and announce_renamed): a revocation there would cost the removal a
-        round trip. A removed directory's index is forgotten at its home and `index_home`
-        (see `_drop_home`); the homes that did not answer."""
+        round trip. A removed directory's index is forgotten at its home and `index_home`, and
+        `keep` has the asker, the backup, drop its copy of its record itself (see `_drop_home`);
+        the homes that did not answer."""
         self._serving_as_backup(directory)
         asker = None if asker is None else str(asker)
         index_home = None if index_home is None else str(index_home)
         unreached: list[str] = []
         if nodes is None:
             self._change(directory, (name, None, None))
-            unreached += await self._drop_home(directory, name, forgotten_by=asker, index_home=index_home)
+            unreached += await self._drop_home(directory, name, forgotten_by=asker, index_home=index_home,
+                                               kept=bool(keep))
             index_home = None
         else:
             for node in nodes:
                 self._change(directory, (name, str(node), None))
         return unreached + await self._changed(directory, [name], but=asker, forgotten_by=asker,
-                                               index_home=index_home)
+                                               index_home=index_home, kept=bool(keep))
 
     async def op_replace(self, directory: str, name: str, nodes: list[str], is_dir: bool,
                          asker: str | None = None) -> None:
@@ -2417,13 +2426,17 @@ class IndexLocator:
         only a home known here, of a directory not split, nearer `node` than this node."""
         if node == self._peers.me or directory in self._parts:
             return None
-        home = self.homes.home(directory) if directory == "/" or self.homes.central is not None else None
-        cached = self._homes.get(directory)
-        if home is None and cached is not None and cached[1] > trio.current_time():
-            home = cached[0]
+        home = self._known_home(directory)
         if home is None or self._distance(node, home) >= self._distance(self._peers.me, home):
             return None
         return home
+
+    def _known_home(self, directory: str) -> str | None:
+        """The home of `directory` as known here without a message (None: not known now)."""
+        if directory == "/" or self.homes.central is not None:
+            return self.homes.home(directory)
+        cached = self._homes.get(directory)
+        return cached[0] if cached is not None and cached[1] > trio.current_time() else None
 
     def _distance(self, a: str, b: str) -> float:
         """How far a round trip from `a` to `b` goes: none to itself, then within a site, then to
@@ -2480,9 +2493,13 @@ class IndexLocator:
         self._drop_listing(directory)  # not revoked by the home: this node is the asker
         if own_home == self._peers.me:  # its index here goes here; the others' with the drop
             await self._forget_index_at(own_home, path)
+        parent_home = self._known_home(directory)
+        keep = is_dir and parent_home is not None and self.homes.backup(directory, parent_home) == self._peers.me
+        if keep:  # this node keeps the copy of the parent's records: the home sends none
+            await self._peers.ask(self._peers.me, msg.IndexRecords(directory, {name: None}))
         try:
             unreached = await self._dir_call(directory, msg.IndexDrop(directory, name, nodes, self._peers.me,
-                                                                      own_home))
+                                                                      own_home, keep))
         except OSError as exc:
             log.info("could not record the removal of %s at the home of %s: %s", path, directory, exc)
             self._owe_home_of(directory)

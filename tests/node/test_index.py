@@ -668,7 +668,7 @@ async def test_rmdir_forgets_the_directorys_index_at_its_home_with_the_drop(tmp_
         await cluster["n4"].namespace.mkdir(top, 0o755)
         # (its home, who makes and removes it, messages the removal sends, IndexForgets served)
         cases = [("n3", "n4", 1, {}),  # n4 drops it itself; the record copy to n3 forgets it
-                 ("n4", "n3", 2, {}),  # the drop; n4 forgets it itself and sends the record copy
+                 ("n4", "n3", 1, {}),  # the drop; n4 forgets it itself, n3 (the backup) drops its copy itself
                  ("n2", "n1", 3, {"n2": 1})]  # drop, record copy, and n4 tells n2
         for home, remover, messages, forgets in cases:
             sub = made_at(homes, home, remover, f"{top}/sub-{home}-")
@@ -684,6 +684,8 @@ async def test_rmdir_forgets_the_directorys_index_at_its_home_with_the_drop(tmp_
             assert sum(removal.values()) == messages, (home, remover, removal)  # (the lookups before it aside)
             assert {n: c for n, c in cluster.served("index_forget").items() if c} == forgets, (home, remover)
             assert index.statistics().directories == built - 1, (home, remover)
+            backup = cluster["n3"].index
+            assert backup is not None and sub.rsplit("/", 1)[1] not in await backup.op_records(top)
             cluster[home].put(f"{sub}/made-outside", b"x")  # the name again, made on its home's disk directly
             assert (await cluster[remover].namespace.lookup(f"{sub}/made-outside")).node == home
         # a home that does not answer is owed the forget by the remover (the reply names it)
