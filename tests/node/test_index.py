@@ -658,6 +658,37 @@ async def test_a_far_change_is_recorded_by_the_holder_near_the_home(tmp_path: Pa
 
 
 @trio_test
+async def test_a_holder_records_a_far_change_at_the_backup_when_the_home_is_down(tmp_path: Path) -> None:
+    """`recorded` with the home cut off: the holder records through the home's backup (here the
+    holder itself), and owes the home a rebuild, which the home gets when it answers again (its
+    index, kept through the cut, still has the old mode)."""
+    async with open_cluster(tmp_path, lookup="index", retry_after=30.0) as cluster:
+        homes = homes_of(cluster)
+        far = made_at(homes, "n4", "n3", "/far")  # homed at n4; its backup is n3, the holder
+        assert homes.backup(far, "n4") == "n3"
+        await cluster["n3"].namespace.mkdir(far, 0o755)
+        handle = await cluster["n3"].namespace.create(f"{far}/f", os.O_WRONLY | os.O_EXCL, 0o644)
+        await cluster["n3"].namespace.release(handle)
+        ns = cluster["n1"].namespace
+        assert (await ns.lookup(f"{far}/f")).node == "n3"
+        cluster.stop("n4")  # its server only: a network cut, not a crash
+        attr = await ns.setattr(f"{far}/f", mode=0o600)
+        assert stat.S_IMODE(attr.mode) == 0o600 and cluster["n3"].served["recorded"] == 1
+        cluster["n2"].locator.invalidate(f"{far}/f")
+        assert stat.S_IMODE((await cluster["n2"].namespace.lookup(f"{far}/f")).attr.mode) == 0o600  # the stand-in
+        await cluster.restart("n4")
+        for node in NODES:
+            cluster[node].pool.set_peers(cluster.addresses())
+        holder = cluster["n3"].locator
+        assert isinstance(holder, IndexLocator)
+        await holder.flush_owed()  # the change n4 missed: it lists the directory again
+        cluster["n2"].locator.invalidate(f"{far}/f")
+        found = await cluster["n2"].namespace.lookup(f"{far}/f")
+        assert found.node == "n3" and stat.S_IMODE(found.attr.mode) == 0o600
+        assert cluster["n4"].served["index_lookup"] >= 1
+
+
+@trio_test
 async def test_rmdir_forgets_the_directorys_index_at_its_home_with_the_drop(tmp_path: Path) -> None:
     """The parent's home has the removed directory's index forgotten where it is homed: itself,
     in the record copy it sends its backup anyway, or in one message of its own -- the remover
