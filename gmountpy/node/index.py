@@ -34,7 +34,8 @@ new name returns, tells those nodes (the `created` operation, which also
 drops the kernel's negative entries). So hand-off rule 1 holds with one round
 trip per create. Listings are leased the same way (about a second; any change
 in the directory revokes them with `index_unlist`, except to the node that made
-the change, which drops its copy itself). A node that has found a few names in
+the change: a chmod, utimens, truncate, unlink or rename of a file it asked for it
+applies to its copy itself, and keeps it; after other changes it drops it). A node that has found a few names in
 a row in one directory asks for the listing with the next lookup (same round
 trip) and answers later names in it from that listing while the lease lasts
 (`LIST_AHEAD_AFTER`): reading many files of one remote directory costs about
@@ -823,8 +824,9 @@ class DirectoryIndex:
                        forgotten_by: str | None = None, index_home: str | None = None,
                        kept: bool = False) -> list[str]:
         """After a change in `directory`: subdirectories that are gone lose their homes and
-        indexes, and every listing of the directory handed out is revoked (`but`,
-        `forgotten_by`, `index_home`, `kept`: see `_tell`, `_drop_home`). The homes that did not answer."""
+        indexes, and every listing of the directory handed out is revoked but `but`'s, the node
+        that made the change, which keeps its lease (`forgotten_by`, `index_home`, `kept`: see
+        `_drop_home`). The homes that did not answer."""
         current = self._dirs.get(directory)
         unreached: list[str] = []
         for name in names:
@@ -834,6 +836,10 @@ class DirectoryIndex:
                                                    kept=kept)
         leases = self._listing_leases.pop(directory, None)
         if leases:
+            kept_lease = leases.get(but) if but is not None else None
+            if kept_lease is not None and kept_lease > trio.current_time():
+                # the node that made the change applies it to its listing itself (IndexLocator.change)
+                self._listing_leases.setdefault(directory, {})[str(but)] = kept_lease
             await self._tell(leases, msg.IndexUnlist(directory), but=but)
         return unreached
 
@@ -1255,7 +1261,7 @@ class DirectoryIndex:
     async def op_set(self, directory: str, name: str, node: str, attr: Any, replica_of: str | None = None,
                      is_dir: bool = False, asker: str | None = None) -> None:
         """`node` holds `name` with these attributes (None: ask it) -- after a write, a put, a staging.
-        `asker` (default `node`), the node that made the change, keeps its listing: it dropped it."""
+        `asker` (default `node`), the node that made the change, keeps its listing (see `_changed`)."""
         backing = self._serving_as_backup(directory)
         if backing:  # a stand-in tells every node of a name new to it (a put), not of a close
             built = await self._directory(directory)
@@ -1605,6 +1611,52 @@ class _Flight:
         self.stale = False
 
 
+@dataclass
+class _Listing:
+    """A directory's listing from its home, kept while the home's lease lasts (`until`): each name
+    with every holder as the home has it. The home revokes it when another node changes the
+    directory; a change this node makes there it applies itself (IndexLocator.change), so a job
+    working through its own directory keeps answering lookups from its listing. `unsure`: names
+    renamed here, whose attributes only their holder knows now: looked up at the home, and
+    no readdir from this listing while there are any."""
+
+    rows: dict[str, tuple[IndexHolder, ...]]
+    until: float
+    unsure: set[str] = field(default_factory=set)
+
+    def set_attr(self, name: str, node: str, attr: Attr) -> bool:
+        """`node`'s file `name` has `attr` now; False when this listing did not show it there."""
+        holders = self.rows.get(name)
+        if holders is None or name in self.unsure or all(h.node != node or h.replica_of for h in holders):
+            return False
+        self.rows[name] = tuple(h._replace(attr=attr) if h.node == node and not h.replica_of else h
+                                for h in holders)
+        return True
+
+    def remove(self, name: str, node: str) -> bool:
+        """`node`'s file `name` is gone; False when this listing did not show it there."""
+        holders = self.rows.get(name)
+        if holders is None or all(h.node != node for h in holders):
+            return False
+        left = tuple(h for h in holders if h.node != node)
+        if left:
+            self.rows[name] = left
+        else:
+            del self.rows[name]
+            self.unsure.discard(name)
+        return True
+
+    def take(self, name: str) -> tuple[IndexHolder, ...] | None:
+        """A rename's source: the name goes with every holder (as its home drops it)."""
+        self.unsure.discard(name)
+        return self.rows.pop(name, None)
+
+    def put(self, name: str, holders: tuple[IndexHolder, ...]) -> None:
+        """A rename's target: exactly these holders now, their attributes not known here."""
+        self.rows[name] = holders
+        self.unsure.add(name)
+
+
 class _Home(NamedTuple):
     """What this node knows of a directory's home: the node (None: the directory does not exist
     as a directory), and until when that stays true (a lease; 0: not leased). `definite` False:
@@ -1652,8 +1704,8 @@ class IndexLocator:
         self._positive: OrderedDict[str, tuple[Location, float]] = OrderedDict()
         self._negative: OrderedDict[str, float] = OrderedDict()  # path -> lease expiry (conservative)
         self._homes: OrderedDict[str, tuple[str, float]] = OrderedDict()  # directory -> (home, lease expiry)
-        # directory -> (its listing, the same by name, lease expiry): readdir's, or listed ahead
-        self._listings: dict[str, tuple[list[tuple[str, list[Location]]], dict[str, list[Location]], float]] = {}
+        self._listings: dict[str, _Listing] = {}  # readdir's, or listed ahead
+        self._own_changes: dict[str, list[int]] = {}  # directory -> [changes begun here, those under way]
         self._streaks: OrderedDict[str, int] = OrderedDict()  # directory -> names found there in a row
         self._unlisted: OrderedDict[str, float] = OrderedDict()  # directory -> when a listing went early
         self._revoked = 0  # counts revocations of homes and listings: an answer older than one is not kept
@@ -1698,7 +1750,7 @@ class IndexLocator:
         if directory in self._listing_stale:
             self._listing_stale[directory] = True
         cached = self._listings.pop(directory, None)
-        if cached is not None and cached[2] > trio.current_time():
+        if cached is not None and cached.until > trio.current_time():
             self._quieten(directory)
 
     def _quieten(self, directory: str) -> None:
@@ -2048,12 +2100,19 @@ class IndexLocator:
         the name; None otherwise (not listed, or no listing: the home is asked)."""
         directory, name = split_parent(path)
         cached = self._listings.get(directory)
-        if cached is None or cached[2] <= now:
+        if cached is None or cached.until <= now or name in cached.unsure:
             return None
-        own = [loc for loc in cached[1].get(name, ()) if loc.replica_of is None]  # a replica: `_local` said
+        own = [loc for loc in self._locations(cached.rows.get(name, ())) if loc.replica_of is None]
         if not own or (not own[0].attr.is_dir and own[0].attr.nlink > 1):
-            return None  # not listed, or hard-linked: its holder has the attributes
+            return None  # not listed (a replica: `_local` said), or hard-linked: its holder has the attributes
         return own[0]
+
+    def _locations(self, holders: Sequence[IndexHolder]) -> list[Location]:
+        """A listed name's holders as the search lists them: what is reachable (a holder known to be
+        down is left out), staged replicas only on their own node; nearest first."""
+        return sorted((Location(node, attr, replica_of) for node, attr, replica_of in holders
+                       if (replica_of is None or node == self._peers.me) and not self._peers.is_down(node)),
+                      key=lambda loc: self.rank(loc.node))
 
     def _worth_listing(self, directory: str) -> bool:
         """Ask for the whole listing with this lookup (see LIST_AHEAD_AFTER)?"""
@@ -2096,20 +2155,31 @@ class IndexLocator:
         source can tell), GMount's search answers instead. This node's own export is always
         looked at too: a file written straight into it is a holder before a scan tells the home."""
         local = await self._local(path)
+        now = trio.current_time()
         until = self._negative.get(path)
-        if local is None and until is not None and until > trio.current_time():
+        if local is None and until is not None and until > now:
             self._negative_hits += 1
             return []
         directory, name = split_parent(path)
-        try:
-            reply: IndexLookupReply | None = await self._dir_call(directory, msg.IndexLookup(directory, name, None))
-        except PeerUnavailable:
-            reply = None
-        if reply is None or not reply.complete or reply.pending or \
-                any(holder.replica_of is not None for holder in reply.holders):
-            self._fallbacks += 1
+        listed = self._listings.get(directory)
+        holders: Sequence[IndexHolder]
+        if listed is not None and listed.until > now and name in listed.rows and name not in listed.unsure:
+            self._hits += 1  # a leased listing is as exact as its home: any change elsewhere revokes it
+            holders = listed.rows[name]
+        else:
+            try:
+                reply: IndexLookupReply | None = await self._dir_call(directory,
+                                                                      msg.IndexLookup(directory, name, None))
+            except PeerUnavailable:
+                reply = None
+            if reply is None or not reply.complete or reply.pending:
+                self._fallbacks += 1
+                return await self._flood.find_all(path, strict=strict)
+            holders = reply.holders
+        if any(holder.replica_of is not None for holder in holders):
+            self._fallbacks += 1  # whether a staged replica is still valid only its source can tell
             return await self._flood.find_all(path, strict=strict)
-        found = [Location(holder.node, holder.attr) for holder in reply.holders]
+        found = [Location(holder.node, holder.attr) for holder in holders]
         if local is not None and local.replica_of is None and all(loc.node != local.node for loc in found):
             found.append(local)
         return sorted(found, key=lambda loc: self.rank(loc.node))
@@ -2120,9 +2190,9 @@ class IndexLocator:
         change there revokes it). None when the home cannot answer exactly: ask every node."""
         now = trio.current_time()
         cached = self._listings.get(directory)
-        if cached is not None and cached[2] > now:
+        if cached is not None and cached.until > now and not cached.unsure:
             self._hits += 1
-            return cached[0]
+            return self._entries(cached)
         revoked = self._revoked
         self._listing_stale.setdefault(directory, False)
         try:
@@ -2158,28 +2228,26 @@ class IndexLocator:
         it is not complete (the home could not list every node)."""
         if not reply.complete:
             return None
-        entries: list[tuple[str, list[Location]]] = []
-        for name, holders, home in reply.entries:
-            # as the search lists: what is reachable (a holder known to be down is left out), and
-            # staged replicas only on their own node
-            locations = [Location(node, attr, replica_of) for node, attr, replica_of in holders
-                         if (replica_of is None or node == self._peers.me) and not self._peers.is_down(node)]
-            if not locations:
-                continue
-            entries.append((name, sorted(locations, key=lambda loc: self.rank(loc.node))))
+        for name, _, home in reply.entries:
             if home is not None:
                 self._note_home(_join(directory, name), home, reply.home_lease, now, revoked)
+        listing = _Listing({row.name: row.holders for row in reply.entries}, now + reply.lease)
         lease = reply.lease
         stale = self._listing_stale.pop(directory, True)  # a second listing in flight: not kept either
         if lease > 0 and revoked == self._revoked and not stale:
             if len(self._listings) >= LISTINGS_KEPT and directory not in self._listings:
                 current = trio.current_time()
-                for expired in [d for d, kept in self._listings.items() if kept[2] <= current]:
+                for expired in [d for d, kept in self._listings.items() if kept.until <= current]:
                     del self._listings[expired]
                 while len(self._listings) >= LISTINGS_KEPT:
                     del self._listings[next(iter(self._listings))]
-            self._listings[directory] = (entries, dict(entries), now + lease)
-        return entries
+            self._listings[directory] = listing
+        return self._entries(listing)
+
+    def _entries(self, listing: _Listing) -> list[tuple[str, list[Location]]]:
+        """A listing as readdir gives it: each name with its holders as `_locations` has them."""
+        entries = [(name, self._locations(holders)) for name, holders in listing.rows.items()]
+        return [(name, locations) for name, locations in entries if locations]
 
     async def _list_partitions(self, directory: str, first: IndexListReply) -> IndexListReply:
         """A split directory's listing: the home's (`first`) and every other partition server's,
@@ -2408,18 +2476,67 @@ class IndexLocator:
         `node` is nearer that home than this node (the home is at the holder's site, this node
         at another), `node` records it (msg.Recorded): one round trip across the WAN, not one
         to the holder and another to the home."""
-        directory, _ = split_parent(path)
-        self._drop_listing(directory)  # not revoked by the home: this node is the asker
+        directory, name = split_parent(path)
+        directories = [directory]
         home = self._relay_home(node, directory)
+        if isinstance(request, msg.Rename) and split_parent(request.dst)[0] != directory:
+            directories.append(split_parent(request.dst)[0])
+            home = None  # two directories, two homes: this node records it
+        begun = [self._begin_own_change(d) for d in directories]
+        applied = False
+        try:
+            if home is not None:
+                result = await self._peers.ask(node, msg.Recorded(home, self._peers.me, request))
+            else:
+                result = await self._peers.ask(node, request)
+                await self._record(node, path, request, result, self._peers.me, None)
+            applied = True
+        finally:
+            listings = [self._end_own_change(d, listing, generation, applied)
+                        for d, (listing, generation) in zip(directories, begun, strict=True)]
         if isinstance(request, msg.Rename):
-            self._drop_listing(split_parent(request.dst)[0])
-            if split_parent(request.dst)[0] != directory:
-                home = None  # two directories, two homes: this node records it
-        if home is not None:
-            return await self._peers.ask(node, msg.Recorded(home, self._peers.me, request))
-        result = await self._peers.ask(node, request)
-        await self._record(node, path, request, result, self._peers.me, None)
+            holders = listings[0].take(name) if listings[0] is not None else None
+            target = listings[-1]
+            if target is not None and holders is not None:
+                target.put(split_parent(request.dst)[1], holders)
+            elif target is not None:
+                self._drop_listing(directories[-1])
+        elif listings[0] is not None:
+            kept = (listings[0].remove(name, node) if isinstance(request, msg.Unlink) else
+                    isinstance(result, Attr) and listings[0].set_attr(name, node, result))
+            if not kept:
+                self._drop_listing(directory)
         return result
+
+    def _begin_own_change(self, directory: str) -> tuple[_Listing | None, int]:
+        """Before a change here in `directory`: the listing kept of it, and this change's number.
+        The home does not revoke this node's listing for its own change: `_end_own_change` applies it."""
+        if directory in self._listing_stale:
+            self._listing_stale[directory] = True  # a listing under way may predate the change
+        counts = self._own_changes.setdefault(directory, [0, 0])
+        counts[0] += 1
+        counts[1] += 1
+        return self._listings.get(directory), counts[0]
+
+    def _end_own_change(self, directory: str, listing: _Listing | None, generation: int,
+                        applied: bool) -> _Listing | None:
+        """The listing the change begun as `generation` may be applied to: the one kept when it
+        began, still leased, with no other change here begun meanwhile (their records may reach
+        the home in another order). Any other listing of `directory` is dropped."""
+        if directory in self._listing_stale:
+            self._listing_stale[directory] = True  # a listing under way may predate the change too
+        counts = self._own_changes[directory]
+        alone = counts[0] == generation
+        counts[1] -= 1
+        if not counts[1]:
+            del self._own_changes[directory]
+        current = self._listings.get(directory)
+        if current is None:
+            return None
+        if applied and alone and current is listing and current.until > trio.current_time():
+            return current
+        self._drop_listing(directory)
+        return None
 
     def _relay_home(self, node: str, directory: str) -> str | None:
         """The home `node` should record a change of `directory` at (None: this node records it):
@@ -2623,20 +2740,20 @@ class IndexLocator:
         self._drop_listing(split_parent(path)[0])
 
     def note_removed(self, path: str) -> None:
+        """After an unlink or rmdir here (the listing of its directory: see `change`, `announce_removed`)."""
         self._positive.pop(path, None)
         self._positive.pop(split_parent(path)[0], None)
-        self._drop_listing(split_parent(path)[0])
         self._mark_stale(path)
 
     def note_renamed(self, src: str, dst: str, is_dir: bool) -> None:
-        self._forget_cached([src, dst], subtree=is_dir)
+        """After a rename here (the listings of its directories: see `change`, `announce_renamed`)."""
+        self._forget_cached([src, dst], subtree=is_dir, listings=False)
         for path in (src, dst):
             self._positive.pop(split_parent(path)[0], None)
-            self._drop_listing(split_parent(path)[0])
         if is_dir:
             self._forget_homes([src, dst])
 
-    def _forget_cached(self, paths: list[str], subtree: bool = False) -> None:
+    def _forget_cached(self, paths: list[str], subtree: bool = False, listings: bool = True) -> None:
         for cache in (self._positive, self._negative):
             for path in paths:
                 cache.pop(path, None)
@@ -2644,7 +2761,8 @@ class IndexLocator:
                     for key in [k for k in cache if k.startswith(path + "/")]:
                         del cache[key]
         for path in paths:
-            self._drop_listing(split_parent(path)[0])
+            if listings:
+                self._drop_listing(split_parent(path)[0])
             self._mark_stale(path)
 
     def invalidate(self, path: str) -> None:

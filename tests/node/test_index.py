@@ -14,6 +14,7 @@ Three layers of proof:
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import shutil
@@ -657,6 +658,87 @@ async def test_a_far_change_is_recorded_by_the_holder_near_the_home(tmp_path: Pa
                     await cluster[node].namespace.lookup(f"{far}/{name}")  # the home knows
 
 
+def served(cluster: Cluster) -> dict[str, dict[str, int]]:
+    return {n: dict(c.served) for n, c in cluster.nodes.items() if c.served}
+
+
+async def made_with_files(cluster: Cluster, directory: str, maker: str, names: str) -> None:
+    await cluster[maker].namespace.mkdir(directory, 0o755)
+    for name in names:
+        handle = await cluster[maker].namespace.create(f"{directory}/{name}", os.O_WRONLY | os.O_EXCL, 0o644)
+        await cluster[maker].namespace.release(handle)
+
+
+async def listed_modes(cluster: Cluster, node: str, directory: str) -> dict[str, int]:
+    return {e.name: stat.S_IMODE(e.location.attr.mode)
+            for e in (await cluster[node].namespace.merged_listing(directory)).entries}
+
+
+@trio_test
+async def test_a_node_keeps_its_listing_through_its_own_changes(tmp_path: Path) -> None:
+    """A chmod, utime or unlink this node makes in a directory it holds a listing of is applied to
+    that listing, and its home does not revoke it: a job working through its own directory goes
+    on answering lookups, and every holder before an unlink, from the listing, with no message
+    (it dropped its copy, and asked the home for every name for LIST_AHEAD_QUIET seconds). The
+    home still revokes it when another node changes the directory."""
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        directory = made_at(homes_of(cluster), "n4", "n3", "/own")  # homed at n4, held at n3 (the far site)
+        await made_with_files(cluster, directory, "n3", "abcde")
+        assert await listed_modes(cluster, "n1", directory) == dict.fromkeys("abcde", 0o644)
+        ns = cluster["n1"].namespace
+        cluster.reset_counts()
+        assert (await ns.lookup(f"{directory}/a")).node == "n3"  # (the kernel's lookup before a chmod)
+        await ns.setattr(f"{directory}/a", mode=0o600)
+        await ns.setattr(f"{directory}/b", mtime_ns=10**18)
+        assert served(cluster) == {"n3": {"recorded": 2}, "n4": {"index_set": 2}}
+        cluster.reset_counts()
+        assert (await ns.lookup(f"{directory}/e")).node == "n3"
+        assert await listed_modes(cluster, "n1", directory) == {**dict.fromkeys("bcde", 0o644), "a": 0o600}
+        assert total(cluster) == 0
+        await ns.unlink(f"{directory}/c")  # every holder from the listing too
+        assert served(cluster) == {"n3": {"recorded": 1}, "n4": {"index_drop": 1}}
+        cluster.reset_counts()
+        assert sorted(await listed_modes(cluster, "n1", directory)) == list("abde") and total(cluster) == 0
+        assert (await ns.lookup(f"{directory}/b")).attr.mtime_ns == 10**18
+        with pytest.raises(FileNotFoundError):
+            await ns.lookup(f"{directory}/c")  # a "not found" is the home's (leased per name), never a listing's
+        assert served(cluster) == {"n4": {"index_lookup": 1}}
+        # another node's change: the home revokes this node's listing before the change returns
+        cluster.reset_counts()
+        await cluster["n2"].namespace.setattr(f"{directory}/e", mode=0o640)
+        assert cluster["n1"].served["index_unlist"] == 1
+        assert (await listed_modes(cluster, "n1", directory))["e"] == 0o640
+        assert cluster["n4"].served["index_list"] == 1
+
+
+@trio_test
+async def test_a_node_asks_the_home_for_a_name_it_renamed_and_drops_its_listing_after_changes_at_once(
+        tmp_path: Path) -> None:
+    """A rename keeps the listing too, but the new name's attributes only its holder knows (the
+    rename changed its ctime): that name, and a readdir, are asked of the home. Two changes here
+    under way at once may reach the home in either order: the listing goes, and the home answers."""
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        directory = made_at(homes_of(cluster), "n4", "n3", "/moved")
+        await made_with_files(cluster, directory, "n3", "abcd")
+        assert sorted(await listed_modes(cluster, "n1", directory)) == list("abcd")
+        ns = cluster["n1"].namespace
+        cluster.reset_counts()
+        await ns.rename(f"{directory}/a", f"{directory}/a2")
+        assert served(cluster) == {"n3": {"recorded": 1}, "n4": {"index_lookup": 1, "index_rename": 1}}  # (a2)
+        cluster.reset_counts()
+        assert (await ns.lookup(f"{directory}/b")).node == "n3" and total(cluster) == 0
+        assert (await ns.lookup(f"{directory}/a2")).node == "n3"
+        assert served(cluster) == {"n4": {"index_lookup": 1}, "n3": {"lookup": 1}}  # (the home asks the holder)
+        assert sorted(await listed_modes(cluster, "n1", directory)) == ["a2", "b", "c", "d"]
+        assert cluster["n4"].served["index_list"] == 1
+        cluster.reset_counts()
+        async with trio.open_nursery() as nursery:
+            for name, mode in (("b", 0o600), ("c", 0o640)):
+                nursery.start_soon(functools.partial(ns.setattr, f"{directory}/{name}", mode=mode))
+        assert await listed_modes(cluster, "n1", directory) == {"a2": 0o644, "b": 0o600, "c": 0o640, "d": 0o644}
+        assert cluster["n4"].served["index_list"] == 1  # not kept through two changes at once
+
+
 @trio_test
 async def test_a_holder_records_a_far_change_at_the_backup_when_the_home_is_down(tmp_path: Path) -> None:
     """`recorded` with the home cut off: the holder records through the home's backup (here the
@@ -830,9 +912,9 @@ async def test_names_found_in_a_row_bring_the_listing_and_later_names_cost_no_me
     """IndexFS-style directory leases for lookups: after LIST_AHEAD_AFTER names found in a row,
     the next lookup asks for the whole listing with the name (still one message); the names
     after it are answered from that listing while its lease lasts. A change elsewhere revokes
-    it before the change returns; a miss is still one message (its "not found" is leased per
-    name, never from a listing); a change made here drops it, and the directory is then asked
-    one name at a time for LIST_AHEAD_QUIET seconds."""
+    it before the change returns, and the directory, which changes, is then asked one name at a
+    time for LIST_AHEAD_QUIET seconds; a miss is still one message (its "not found" is leased per
+    name, never from a listing). A change made here is not revoked here."""
     async with open_cluster(tmp_path, lookup="index") as cluster:
         directory = found_at(homes_of(cluster), "n2", ["n1", "n3"], "/ahead")
         for i in range(12):
@@ -862,15 +944,15 @@ async def test_names_found_in_a_row_bring_the_listing_and_later_names_cost_no_me
         assert cluster["n1"].served["index_unlist"] == 1
         with pytest.raises(FileNotFoundError):
             await ns.lookup(f"{directory}/f5")
-        # a change made here: the home does not revoke this node (it dropped its copy itself)
-        assert (await ns.lookup(f"{directory}/f6")).node == "n3"  # lists ahead again
+        # a change made here: the home does not revoke this node (see test_a_node_keeps_its_listing_...)
+        assert (await ns.lookup(f"{directory}/f6")).node == "n3"  # one name: the directory is quiet
         assert cluster["n1"].locator.lists_ahead == 2  # type: ignore[attr-defined]
         cluster.reset_counts()
         await ns.unlink(f"{directory}/f6")
         assert cluster["n1"].served["index_unlist"] == 0 and cluster["n2"].served["index_drop"] == 1
         with pytest.raises(FileNotFoundError):
             await ns.lookup(f"{directory}/f6")
-        # ... and the directory, which changes, is asked one name at a time for a while
+        # ... and the directory is still asked one name at a time
         cluster.reset_counts()
         for i in (8, 9, 10, 11):  # names not looked up yet (none in the short positive cache)
             assert (await ns.lookup(f"{directory}/f{i}")).node == "n3"
