@@ -35,11 +35,12 @@ drops the kernel's negative entries). So hand-off rule 1 holds with one round
 trip per create. Listings are leased the same way (about a second; any change
 in the directory revokes them with `index_unlist`, except to the node that made
 the change: a chmod, utimens, truncate, unlink or rename of a file it asked for it
-applies to its copy itself, and keeps it; after other changes it drops it). A node that has found a few names in
-a row in one directory asks for the listing with the next lookup (same round
-trip) and answers later names in it from that listing while the lease lasts
-(`LIST_AHEAD_AFTER`): reading many files of one remote directory costs about
-one round trip per second, not one per file.
+applies to its copy itself, and keeps it; after other changes it drops it). A
+node that has found a few names in one directory through its home asks for the
+listing with the next lookup (same round trip) and answers later names in it
+from that listing while the lease lasts (`LIST_AHEAD_AFTER`): reading, changing
+or renaming many files of one remote directory costs about one round trip per
+second for their lookups, not one per file.
 
 The index is soft state. A home builds a directory's index on first demand by
 asking every node once for its listing of that directory (a directory just
@@ -113,8 +114,9 @@ log = logging.getLogger(__name__)
 CLAIM_GRACE = 10.0
 #: Entries in one listdir reply before a home pages through a snapshot (service.LISTDIR_MAX).
 _PAGE = 50_000
-#: Listing ahead (IndexFS-style directory leases for lookups): after LIST_AHEAD_AFTER names in a row
-#: found in one directory through its home, a node asks for the whole listing instead -- one round
+#: Listing ahead (IndexFS-style directory leases for lookups): after LIST_AHEAD_AFTER names found in
+#: one directory through its home (misses between them do not count: a rename looks its new name
+#: up too), a node asks for the whole listing instead -- one round
 #: trip, the same as a name -- and answers later names in it from that listing while the home's
 #: lease lasts (any change there revokes it). Only for directories of at most LIST_AHEAD_MAX names,
 #: not split, and not while they change: a listing that went before its lease ran out keeps the
@@ -1706,7 +1708,7 @@ class IndexLocator:
         self._homes: OrderedDict[str, tuple[str, float]] = OrderedDict()  # directory -> (home, lease expiry)
         self._listings: dict[str, _Listing] = {}  # readdir's, or listed ahead
         self._own_changes: dict[str, list[int]] = {}  # directory -> [changes begun here, those under way]
-        self._streaks: OrderedDict[str, int] = OrderedDict()  # directory -> names found there in a row
+        self._streaks: OrderedDict[str, int] = OrderedDict()  # directory -> names found there since listed
         self._unlisted: OrderedDict[str, float] = OrderedDict()  # directory -> when a listing went early
         self._revoked = 0  # counts revocations of homes and listings: an answer older than one is not kept
         self._inflight: dict[str, _Flight] = {}
@@ -2032,8 +2034,8 @@ class IndexLocator:
                                                f"({exc.reason})")
         self._note_home(path, reply.home, reply.home_lease, sent, revoked)
         found = self._nearest(reply.holders)
-        self._streak(directory, found is not None and not reply.parts
-                     and (reply.size or LIST_AHEAD_MAX + 1) <= LIST_AHEAD_MAX)
+        self._streak(directory, found is not None,
+                     not reply.parts and (reply.size or LIST_AHEAD_MAX + 1) <= LIST_AHEAD_MAX)
         if found is not None:
             return await self._from_holder_if_linked(path, found)
         if reply.pending:
@@ -2084,11 +2086,13 @@ class IndexLocator:
             await self.announce_changed(path, fresh)
         return fresh
 
-    def _streak(self, directory: str, found: bool) -> None:
-        """Count names found in a row in `directory` (a miss, or a directory too big or split to
-        list, ends the streak)."""
-        if not found:
+    def _streak(self, directory: str, found: bool, listable: bool) -> None:
+        """Count names found in `directory` through its home (a miss does not count; a directory
+        too big or split to list ends the streak)."""
+        if not listable:
             self._streaks.pop(directory, None)
+            return
+        if not found:
             return
         self._streaks[directory] = self._streaks.get(directory, 0) + 1
         self._streaks.move_to_end(directory)

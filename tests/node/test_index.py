@@ -959,6 +959,27 @@ async def test_names_found_in_a_row_bring_the_listing_and_later_names_cost_no_me
         assert total(cluster) == 4 and cluster["n1"].locator.lists_ahead == 2  # type: ignore[attr-defined]
 
 
+@trio_test
+async def test_misses_between_names_found_do_not_end_their_streak(tmp_path: Path) -> None:
+    """A rename looks its new name up too: names found with misses between them still bring the
+    listing (with the next lookup, here a miss), and the names after it cost no message."""
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        directory = found_at(homes_of(cluster), "n2", ["n1", "n3"], "/renames")
+        for i in range(6):
+            cluster["n3"].put(f"{directory}/f{i}", b"x")
+        cluster["n1"].mkdir(directory)
+        ns = cluster["n1"].namespace
+        for i in range(LIST_AHEAD_AFTER):
+            assert (await ns.lookup(f"{directory}/f{i}")).node == "n3"
+            with pytest.raises(FileNotFoundError):
+                await ns.lookup(f"{directory}/f{i}.mv")
+        assert cluster["n1"].locator.lists_ahead == 1  # type: ignore[attr-defined]  # (with the last miss)
+        cluster.reset_counts()
+        for i in range(LIST_AHEAD_AFTER, 6):
+            assert (await ns.lookup(f"{directory}/f{i}")).node == "n3"
+        assert total(cluster) == 0
+
+
 @trio_test(frozen_clock=True)
 async def test_a_hard_linked_file_takes_its_attributes_from_its_holder(tmp_path: Path) -> None:
     """A file with several names changes through any of them, and the home of one name hears
