@@ -114,6 +114,8 @@ log = logging.getLogger(__name__)
 CLAIM_GRACE = 10.0
 #: Entries in one listdir reply before a home pages through a snapshot (service.LISTDIR_MAX).
 _PAGE = 50_000
+#: Holders a home asks at once for the attributes of names claimed or renamed, to list a directory.
+_RESOLVE_AT_ONCE = 64
 #: Listing ahead (IndexFS-style directory leases for lookups): after LIST_AHEAD_AFTER names found in
 #: one directory through its home (misses between them do not count: a rename looks its new name
 #: up too), a node asks for the whole listing instead -- one round
@@ -880,12 +882,23 @@ class DirectoryIndex:
         self._listings += 1
         backing = self._serving_as_backup(directory)
         built = await self._directory(directory)
+        asked: dict[str, list[list[Any]]] = {}  # claimed or renamed names: their holders are asked, at once
+        limiter = trio.CapacityLimiter(_RESOLVE_AT_ONCE)
+
+        async def resolve(name: str) -> None:
+            async with limiter:
+                asked[name] = (await self._resolved(directory, name))[0]
+
+        async with open_nursery() as nursery:
+            for name, holders in list(built.entries.items()):
+                if any(holder.attr is None for holder in holders.values()):
+                    nursery.start_soon(resolve, name)
         rows: list[list[Any]] = []
         for name, holders in list(built.entries.items()):
-            if any(holder.attr is None for holder in holders.values()):
-                found, _, _ = await self._resolved(directory, name)  # claims: their holders are asked
-            else:
-                found = [[node, holder.attr, holder.replica_of] for node, holder in holders.items()]
+            found = asked.get(name)
+            if found is None:
+                found = [[node, holder.attr, holder.replica_of] for node, holder in holders.items()
+                         if holder.attr is not None]  # (claimed since: not listed yet)
             if not found:
                 continue
             home = None
@@ -2119,8 +2132,12 @@ class IndexLocator:
                       key=lambda loc: self.rank(loc.node))
 
     def _worth_listing(self, directory: str) -> bool:
-        """Ask for the whole listing with this lookup (see LIST_AHEAD_AFTER)?"""
+        """Ask for the whole listing with this lookup (see LIST_AHEAD_AFTER)? Not while one is kept
+        (a miss there asks the home, which need not send the listing again)."""
         if self._streaks.get(directory, 0) < LIST_AHEAD_AFTER:
+            return False
+        kept = self._listings.get(directory)
+        if kept is not None and kept.until > trio.current_time():
             return False
         dropped = self._unlisted.get(directory)
         return dropped is None or trio.current_time() - dropped >= LIST_AHEAD_QUIET
