@@ -740,6 +740,38 @@ async def test_a_node_asks_the_home_for_a_name_it_renamed_and_drops_its_listing_
 
 
 @trio_test
+async def test_a_home_asks_the_holders_of_renamed_names_at_once_to_list_them(tmp_path: Path) -> None:
+    """A home records a rename without the file's attributes (the rename changed its ctime): to
+    list the directory it asks the holders of the renamed names for them, all at once -- a listing
+    where a job renamed its outputs costs one round trip to their holders, not one per name."""
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        directory = made_at(homes_of(cluster), "n4", "n3", "/renamed")
+        await made_with_files(cluster, directory, "n3", "abcd")
+        for name in "abcd":
+            await cluster["n3"].namespace.rename(f"{directory}/{name}", f"{directory}/{name}2")
+        service = cluster["n3"].service
+        serve = service.dispatch
+        in_flight = peak = 0
+        renamed = [f"{directory}/{name}2" for name in "abcd"]
+
+        async def counting(session: rpc.Session, op: str, args: list[Any]) -> Any:
+            nonlocal in_flight, peak
+            if op != "lookup" or args[0] not in renamed:
+                return await serve(session, op, args)
+            in_flight += 1
+            peak = max(peak, in_flight)
+            try:
+                await trio.sleep(0.05)  # (long enough for the home's other asks to arrive meanwhile)
+                return await serve(session, op, args)
+            finally:
+                in_flight -= 1
+
+        service.dispatch = counting  # type: ignore[method-assign]
+        assert sorted(await listed_modes(cluster, "n1", directory)) == ["a2", "b2", "c2", "d2"]
+        assert peak == 4
+
+
+@trio_test
 async def test_a_holder_records_a_far_change_at_the_backup_when_the_home_is_down(tmp_path: Path) -> None:
     """`recorded` with the home cut off: the holder records through the home's backup (here the
     holder itself), and owes the home a rebuild, which the home gets when it answers again (its
