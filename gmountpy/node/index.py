@@ -318,6 +318,7 @@ class _Holder:
     attr: Attr | None              # None: claimed (being created) or renamed here; asked of the holder
     replica_of: str | None = None  # a staged replica of that node's file
     since: float | None = None     # when a claim or a close told the home (None: from a listing)
+    renamed: bool = False          # attr None after a rename: the file exists; asked of its holder when listed
 
     def recent(self, now: float) -> bool:
         """Told by a claim or a close within CLAIM_GRACE: newer than a scan's listing may be."""
@@ -1323,7 +1324,7 @@ class DirectoryIndex:
         await self._drop_home(directory, name)
         now = trio.current_time()
         for node in nodes:
-            self._change(directory, (name, str(node), _Holder(bool(is_dir), None, None, now)))
+            self._change(directory, (name, str(node), _Holder(bool(is_dir), None, None, now, renamed=True)))
         if is_dir and self.homes is not None:
             home = self._child_home(directory, name, [str(node) for node in nodes])
             await self._copy_records(directory, {name: home})
@@ -1392,7 +1393,9 @@ class DirectoryIndex:
                 if before.attr is not None:
                     continue
                 holder = _Holder(holder.is_dir, holder.attr, holder.replica_of, before.since)
-            if name not in new_names and not _same_but_atime(before, holder):
+            # a rename's attributes, not known here till now: every listing handed out since asked the holder
+            filled = before is not None and before.renamed and before.attr is None
+            if name not in new_names and not filled and not _same_but_atime(before, holder):
                 changed.append(name)
             self._change(directory, (name, node, holder))
         for name in new_names:

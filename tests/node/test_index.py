@@ -42,7 +42,7 @@ from gmountpy import messages as msg
 from gmountpy.errors import GmountError, PeerUnavailable
 from gmountpy.node import index as index_module
 from gmountpy.node import service as service_module
-from gmountpy.node.export import Export
+from gmountpy.node.export import Attr, Export
 from gmountpy.node.index import (
     CLAIM_GRACE,
     LIST_AHEAD_AFTER,
@@ -1265,8 +1265,8 @@ async def test_directory_index_revokes_only_leases_still_running() -> None:
 @trio_test(autojump=True)
 async def test_directory_index_sync_revokes_listings_only_when_something_shows_changed() -> None:
     """A node's export scan sends what changed in a directory whose mtime moved -- the mount's own
-    creates too, which the home knows already. Such a sync revokes no listing; a new name, a gone
-    one, or new attributes (but not a new atime: a read) do."""
+    creates and renames too, which the home knows already. Such a sync revokes no listing; a new
+    name, a gone one, or new attributes (but not a new atime: a read) do."""
     peer = OnePeer({"h": {"/d": []}, "x": {"/d": [["a", _attr(size=1)]]}})
     index = DirectoryIndex(peer, ["h", "x", "y"], lease=10.0)
 
@@ -1285,6 +1285,9 @@ async def test_directory_index_sync_revokes_listings_only_when_something_shows_c
     assert await unlists_after([["a", None]]) == 1
     assert await unlists_after([["a", None]]) == 0  # gone already
     assert [e[0] for e in (await index.op_list("/d", None))["entries"]] == ["b"]
+    await index.op_rename("/d", "b2", "b", ["x"], False, "x")  # recorded without b2's attributes
+    assert await unlists_after([["b", None], ["b2", _attr(size=2)]]) == 0  # the mount's rename, seen by the scan
+    assert (await index.op_list("/d", None))["entries"] == [["b2", [["x", Attr.from_wire(_attr(size=2)), None]], None]]
 
 
 class SlowPeer(OnePeer):
