@@ -2012,6 +2012,7 @@ class IndexLocator:
             listed = self._listed(path, now)
             if listed is not None:
                 self._hits += 1
+                self._flood.learn(path, listed)  # its last holder: a claim while every home is cut off asks it
                 return listed
         while (flight := self._inflight.get(path)) is not None:
             await flight.done.wait()

@@ -579,16 +579,26 @@ class Namespace:
             changes.append(msg.Chmod(path, stat.S_IMODE(mode)))
         if atime_ns is not None or mtime_ns is not None:
             changes.append(msg.Utimens(path, atime_ns, mtime_ns))
-        for request in changes[:-1]:
-            attr = await self.peers.ask(node, request)
         if changes:
-            attr = await self.locator.change(node, path, changes[-1])
+            final = await self._change_by_path(node, path, changes)
         else:
-            if attr is None:
-                attr = (await self.lookup(path)).attr
-            await self.locator.announce_changed(path, Location(node, attr))
-        self.locator.learn(path, Location(node, attr))
-        return attr
+            final = attr if attr is not None else (await self.lookup(path)).attr
+            await self.locator.announce_changed(path, Location(node, final))
+        self.locator.learn(path, Location(node, final))
+        return final
+
+    async def _change_by_path(self, node: str, path: str, changes: list[msg.Request[Attr]]) -> Attr:
+        """`changes` on `node`, the last one recorded with the home. A reply lost on the way (the
+        change may have been made) has the home list the directory again."""
+        try:
+            for request in changes[:-1]:
+                await self.peers.ask(node, request)
+            return await self.locator.change(node, path, changes[-1])
+        except BaseException as exc:
+            if isinstance(exc, PeerUnavailable) or not isinstance(exc, OSError):
+                with trio.CancelScope(shield=True):
+                    await self.locator.announce_unsure([path])
+            raise
 
     # -- extended attributes ---------------------------------------------------
 

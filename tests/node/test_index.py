@@ -1599,6 +1599,18 @@ class IndexNetwork(RuleBasedStateMachine):
             self._expect(error, None)
             self.files[path] = data
 
+    @rule(node=st.sampled_from(NODES), path=st.sampled_from(PATHS), size=st.integers(0, 24), fault=FAULTS)
+    def truncate(self, node: str, path: str, size: int, fault: tuple[str, bool] | None) -> None:
+        """`truncate -s` by path: a change made on the holder and recorded at the home, which the
+        node applies to its own listing of the directory (the sizes every node sees are checked)."""
+        if path not in self.files:
+            return
+        error = self._run(fault, lambda: self.namespaces[node].setattr(path, size=size))
+        if fault is None:
+            self._expect(error, None)
+            data = self.files[path]
+            self.files[path] = data[:size] + b"\0" * (size - len(data))
+
     @rule(node=st.sampled_from(NODES), path=st.sampled_from(PATHS), fault=FAULTS)
     def mkdir(self, node: str, path: str, fault: tuple[str, bool] | None) -> None:
         if not self._parent_ok(path):
@@ -1800,6 +1812,46 @@ def test_index_network_rename_over_a_file_written_straight_into_the_renamers_exp
         machine.create(data=b"", fault=None, node="n2", path="/b")
         machine.union_namespace_matches_the_model()
         machine.rename(dst="/a", fault=("n1", True), node="n1", src="/b")
+        machine.union_namespace_matches_the_model()
+    finally:
+        machine.teardown()
+
+
+def test_index_network_a_name_found_in_a_listing_is_remembered_for_a_claim_that_must_search() -> None:
+    """Found by the state machine: n4 saw the directory /b (on n1) only in its listing of /, then
+    made /b a file while every reply to it was lost -- its claim fell back to the search, which
+    could ask no node. A name found in a listing is learnt like one found at its home: the search
+    knows n1 held /b and says EIO, not "no such file" (a twin of a directory)."""
+    machine = IndexNetwork()
+    try:
+        for step in (lambda: machine.look(node="n1", path="/d/a"), lambda: machine.look(node="n3", path="/a"),
+                     lambda: machine.mkdir(fault=None, node="n1", path="/a"),
+                     lambda: machine.look(node="n1", path="/d/b"), lambda: machine.look(node="n4", path="/d/a"),
+                     lambda: machine.mkdir(fault=None, node="n4", path="/e/a"),
+                     lambda: machine.mkdir(fault=("n1", False), node="n4", path="/e"),
+                     lambda: machine.look(node="n2", path="/d/a"), lambda: machine.look(node="n4", path="/d"),
+                     lambda: machine.look(node="n4", path="/d/a"),
+                     lambda: machine.mkdir(fault=None, node="n1", path="/d/a"),
+                     lambda: machine.create(data=b"x" * 8, fault=("n4", False), node="n2", path="/d/a"),
+                     lambda: machine.mkdir(fault=None, node="n4", path="/e/a"),
+                     lambda: machine.mkdir(fault=("n3", False), node="n1", path="/b"),
+                     lambda: machine.create(data=b"y", fault=("n4", True), node="n4", path="/b")):
+            step()
+            machine.union_namespace_matches_the_model()
+    finally:
+        machine.teardown()
+
+
+def test_index_network_a_truncate_whose_reply_was_lost_is_listed_again() -> None:
+    """Found by the state machine: n3 truncated n4's /b, and n4's reply was lost (the truncate was
+    made, n3 cannot know). Its home lists the directory again, as after any change whose outcome
+    is unsure; before, every node kept seeing the old size (a scan sees names, not sizes)."""
+    machine = IndexNetwork()
+    try:
+        machine.union_namespace_matches_the_model()
+        machine.write_straight_into_an_export(data=b"12345", node="n4", path="/b")
+        machine.union_namespace_matches_the_model()
+        machine.truncate(fault=("n4", True), node="n3", path="/b", size=8)
         machine.union_namespace_matches_the_model()
     finally:
         machine.teardown()
