@@ -146,6 +146,9 @@ class MountedIndex(RuleBasedStateMachine):
                 except FileNotFoundError:
                     assert self._free(name), f"{node} does not see {name}"
                     continue
+                except NotADirectoryError:
+                    assert name.rpartition("/")[0] in self.files, f"{node}: {name}'s parent is not a file"
+                    continue
                 if name in self.files:
                     assert stat.S_ISREG(found.st_mode), (node, name, found)
                     assert (found.st_size, stat.S_IMODE(found.st_mode)) == (len(self.files[name]), self.modes[name]), \
