@@ -693,6 +693,18 @@ class Ls(Request[LsReply]):
 
 
 @dataclass(frozen=True)
+class Remove(Request[list[str]]):
+    """unlink or rmdir through the asked node's namespace, as its mount would: every holder,
+    and its home, before the reply (the library API's `remove`); the nodes it was removed from."""
+
+    op = "remove"
+    path: str
+
+    def decode(self, value: Any) -> list[str]:
+        return [_str(node, self.op) for node in _list(value, self.op)]
+
+
+@dataclass(frozen=True)
 class Created(_NoReply):
     """A peer created `path`: forget "not found" for it."""
 

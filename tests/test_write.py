@@ -99,3 +99,22 @@ def test_fsspec_write_read_round_trip(cluster4: LocalCluster, tmp_path: Path) ->
     assert fs.isdir("/w-fs/dir")
     fs.rm("/w-fs", recursive=True)
     assert not any((cluster4.export(n) / "w-fs").exists() for n in cluster4.nodes)
+
+
+def test_a_remove_through_the_api_is_seen_by_every_node_at_once(cluster4: LocalCluster) -> None:
+    """`remove` goes through the asking node's namespace, as an `rm` in its mount would: the
+    directory's home hears of it before the call returns (not at the holder's next export scan),
+    so no node lists or finds the file after it, and the emptied directory can go at once."""
+    c = Cluster.open(cluster4.spec.name)
+    for round_ in range(5):
+        directory = f"/w-rm/r{round_}"
+        c.write_bytes(f"{directory}/f.txt", b"x", from_node="n4")
+        # (a put makes its parent directories in the holder's export: their homes hear of them at its next scan)
+        assert wait_for(lambda d=directory: all(c.where(d, from_node=n)[0].holders for n in ("n1", "n2", "n3")))
+        for node in ("n1", "n2", "n3"):  # each node learns the file (and may keep the directory's listing)
+            assert [e.name for e in c.ls(directory, from_node=node).entries] == ["f.txt"]
+        assert c.remove(f"{directory}/f.txt", from_node="n1") == ("n4",)
+        for node in ("n1", "n2", "n3", "n4"):
+            assert not c.where(f"{directory}/f.txt", from_node=node)[0].holders, node
+            assert c.ls(directory, from_node=node).entries == (), node
+        assert c.remove(directory, from_node="n2") == ("n4",)

@@ -121,7 +121,8 @@ class Files:
             found = await self._requests.where(client, asking, ns_path)
             if found.nearest is not None:
                 raise FileExistsError(errno.EEXIST, f"{ns_path} exists (on node {found.nearest.node})")
-            await client.ask(target, msg.Mkdir(ns_path, 0o755))
+            await client.ask(target, msg.Mkdir(ns_path, 0o755))  # (with its parents) in `target`'s export
+            await client.ask(target, msg.Rescan())  # its homes hear of it now, not at the next scan
             return target
 
         return self._requests.run(main)
@@ -130,23 +131,8 @@ class Files:
         ns_path, asking = self._paths.resolve(path, from_node)
 
         async def main(client: ClusterClient) -> tuple[str, ...]:
-            found = await self._requests.where(client, asking, ns_path)
-            if found.nearest is None:
-                raise FileNotFoundError(errno.ENOENT, f"no node holds {ns_path}")
-            is_dir = found.nearest.is_dir
-            removed = []
-            for holder in found.holders:
-                if holder.is_dir != is_dir:
-                    continue
-                try:
-                    await client.ask(holder.node, msg.Rmdir(ns_path) if is_dir else msg.Unlink(ns_path))
-                except FileNotFoundError:
-                    continue
-                except OSError as exc:
-                    raise OSError(exc.errno, f"cannot remove {ns_path} on node {holder.node}: "
-                                             f"{exc.strerror or exc}") from None
-                removed.append(holder.node)
-            return tuple(removed)
+            # as `asking`'s mount removes it: every holder, and the directory's home, before the reply
+            return tuple(await client.ask(asking, msg.Remove(ns_path)))
 
         return self._requests.run(main)
 

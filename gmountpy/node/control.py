@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 
 
 class NodeControl:
-    """Node-wide operations (`where`, `ls`, `stage`, `set_peers`, `renew_tls`, `stats`, `shutdown`, `created`)."""
+    """Node-wide operations (`where`, `ls`, `remove`, `stage`, `set_peers`, `renew_tls`, `stats`, `shutdown`,
+    `created`)."""
 
     def __init__(self, me: str, spec: ClusterSpec, overlay: Overlay, *, service: NodeService, pool: PeerPool,
                  locator: Locator, index: DirectoryIndex | None, namespace: Namespace,
@@ -62,7 +63,8 @@ class NodeControl:
         self.shutdown = trio.Event()
 
     def operations(self) -> dict[str, Callable[..., Awaitable[Any]]]:
-        return {"where": self.where, "ls": self.ls, "stage": self.stage, "set_peers": self.set_peers,
+        return {"where": self.where, "ls": self.ls, "remove": self.remove,
+                "stage": self.stage, "set_peers": self.set_peers,
                 "renew_tls": self.renew_tls, "stats": self.stats, "shutdown": self.stop,
                 "created": self.namespace.created_elsewhere}  # a peer created a name: forget "not found"
 
@@ -85,6 +87,18 @@ class NodeControl:
         listing = await self.namespace.merged_listing(path)
         return LsReply(tuple(LsEntry(e.name, e.location.node, e.location.attr, e.holders)
                              for e in listing.entries), tuple(listing.unreachable)).to_wire()
+
+    async def remove(self, path: str) -> list[str]:
+        """msg.Remove: `path` removed from every holder as this node's mount removes it; the nodes it was on."""
+        holders = await self.namespace.where(path)
+        if not holders:
+            raise FileNotFoundError(errno.ENOENT, f"no node holds {path}")
+        is_dir = holders[0].attr.is_dir
+        if is_dir:
+            await self.namespace.rmdir(path)
+        else:
+            await self.namespace.unlink(path)
+        return [loc.node for loc in holders if loc.attr.is_dir == is_dir and loc.replica_of is None]
 
     async def stage(self, path: str) -> StageReply:
         return await stage_file(self.namespace, self.service, path)

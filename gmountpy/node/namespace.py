@@ -474,7 +474,13 @@ class Namespace:
             raise _enoent(path)
         try:
             for location in holders:
-                await self.peers.ask(location.node, msg.Rmdir(path))
+                try:
+                    await self.peers.ask(location.node, msg.Rmdir(path))
+                except PeerUnavailable:
+                    raise
+                except OSError as exc:
+                    raise type(exc)(exc.errno, f"cannot remove {path} on node {location.node}: "
+                                               f"{exc.strerror or exc}") from None
         except BaseException:
             with trio.CancelScope(shield=True):
                 await self.locator.announce_unsure([path])
