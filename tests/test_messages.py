@@ -385,6 +385,7 @@ async def _every_op(state: ClusterState, exports: dict[str, Path], ca: ClusterCA
         assert by_name["b.txt"].node == "n2" and by_name["a.txt"].holders == ("n1",)
         assert listing.unreachable == ()
         assert await n1.ask(msg.Created("/data/elsewhere.txt", False)) is None
+        assert await n1.ask(msg.Remove("/data/fifo")) == ["n1"]  # as n1's mount removes it: holders and home
         table = {name: [record.host, record.port] for name, record in state.nodes.items()}
         assert await n1.ask(msg.SetPeers(table)) is None
 

@@ -1724,7 +1724,7 @@ class IndexLocator:
         self._homes: OrderedDict[str, tuple[str, float]] = OrderedDict()  # directory -> (home, lease expiry)
         self._listings: dict[str, _Listing] = {}  # readdir's, or listed ahead
         self._own_changes: dict[str, list[int]] = {}  # directory -> [changes begun here, those under way]
-        self._streaks: OrderedDict[str, int] = OrderedDict()  # directory -> names found there since listed
+        self._streaks: OrderedDict[str, int] = OrderedDict()  # directory -> names found there through its home
         self._unlisted: OrderedDict[str, float] = OrderedDict()  # directory -> when a listing went early
         self._revoked = 0  # counts revocations of homes and listings: an answer older than one is not kept
         self._inflight: dict[str, _Flight] = {}
