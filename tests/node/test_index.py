@@ -939,6 +939,15 @@ async def test_readdir_is_one_message_to_the_home_then_none_under_the_lease(tmp_
         assert "mine" in [e.name for e in (await ns.merged_listing(directory)).entries]
 
 
+def files_at_n3_seen_from_n1(cluster: Cluster, prefix: str, count: int) -> str:
+    """A directory homed at n2 with files f0, f1, ... (of i bytes) on n3, which n1 has too (empty)."""
+    directory = found_at(homes_of(cluster), "n2", ["n1", "n3"], prefix)
+    for i in range(count):
+        cluster["n3"].put(f"{directory}/f{i}", b"x" * i)
+    cluster["n1"].mkdir(directory)
+    return directory
+
+
 @trio_test
 async def test_names_found_in_a_row_bring_the_listing_and_later_names_cost_no_message(tmp_path: Path) -> None:
     """IndexFS-style directory leases for lookups: after LIST_AHEAD_AFTER names found in a row,
@@ -948,10 +957,7 @@ async def test_names_found_in_a_row_bring_the_listing_and_later_names_cost_no_me
     time for LIST_AHEAD_QUIET seconds; a miss is still one message (its "not found" is leased per
     name, never from a listing). A change made here is not revoked here."""
     async with open_cluster(tmp_path, lookup="index") as cluster:
-        directory = found_at(homes_of(cluster), "n2", ["n1", "n3"], "/ahead")
-        for i in range(12):
-            cluster["n3"].put(f"{directory}/f{i}", b"x" * i)
-        cluster["n1"].mkdir(directory)
+        directory = files_at_n3_seen_from_n1(cluster, "/ahead", 12)
         ns = cluster["n1"].namespace
         with pytest.raises(FileNotFoundError):
             await ns.lookup(f"{directory}/warm-up")  # the home lists the directory once
@@ -997,10 +1003,7 @@ async def test_misses_between_names_found_do_not_end_their_streak(tmp_path: Path
     """A rename looks its new name up too: names found with misses between them still bring the
     listing (with the next lookup, here a miss), and the names after it cost no message."""
     async with open_cluster(tmp_path, lookup="index") as cluster:
-        directory = found_at(homes_of(cluster), "n2", ["n1", "n3"], "/renames")
-        for i in range(6):
-            cluster["n3"].put(f"{directory}/f{i}", b"x")
-        cluster["n1"].mkdir(directory)
+        directory = files_at_n3_seen_from_n1(cluster, "/renames", 6)
         ns = cluster["n1"].namespace
         for i in range(LIST_AHEAD_AFTER):
             assert (await ns.lookup(f"{directory}/f{i}")).node == "n3"
@@ -1055,10 +1058,7 @@ async def test_a_node_keeps_at_most_listings_kept_listings(tmp_path: Path) -> No
 @trio_test
 async def test_a_big_directory_is_never_listed_ahead(tmp_path: Path) -> None:
     async with open_cluster(tmp_path, lookup="index") as cluster:
-        directory = found_at(homes_of(cluster), "n2", ["n1", "n3"], "/big")
-        for i in range(6):
-            cluster["n3"].put(f"{directory}/f{i}", b"x")
-        cluster["n1"].mkdir(directory)
+        directory = files_at_n3_seen_from_n1(cluster, "/big", 6)
         ns = cluster["n1"].namespace
         with pytest.raises(FileNotFoundError):
             await ns.lookup(f"{directory}/warm-up")
