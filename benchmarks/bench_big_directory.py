@@ -52,7 +52,7 @@ DIRECTORY = "big"
 def run(entries: int, split: int, sample: int, base: Path, holder: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """The measurements, and what was wrong (empty when every check held)."""
     from gmountpy import launch
-    from gmountpy.config import load_spec
+    from gmountpy.cluster.config import load_spec
 
     name = f"bbd-{os.getpid()}"
     path = write_cluster_file(base, name, "index")

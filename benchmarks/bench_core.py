@@ -216,7 +216,7 @@ def write_cluster_file(base: Path, name: str) -> Path:
 
 
 def daemon_stats(state: Any, node: str) -> dict[str, Any] | None:
-    from gmountpy.client import call, run_sync
+    from gmountpy.protocol.client import call, run_sync
     try:
         return run_sync(call, state, node, "stats")
     except Exception as exc:
@@ -416,8 +416,8 @@ def make_big_file(path: Path, size: int) -> None:
 
 def run(args: argparse.Namespace, base: Path, holder: dict[str, Any]) -> dict[str, Any]:
     from gmountpy import launch
-    from gmountpy.config import load_spec
-    from gmountpy.overlay import Overlay
+    from gmountpy.cluster.config import load_spec
+    from gmountpy.cluster.overlay import Overlay
 
     n_files = args.files
     repeats = args.repeats

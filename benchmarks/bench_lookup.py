@@ -95,7 +95,7 @@ def timed(name: str, paths: list[Path], op: str) -> tuple[float, float]:
 
 def run_mode(mode: str, files: int, repeats: int, base: Path, holder: dict[str, Any]) -> dict[str, Any]:
     from gmountpy import launch
-    from gmountpy.config import load_spec
+    from gmountpy.cluster.config import load_spec
 
     name = f"bl-{mode}-{os.getpid()}"
     spec = load_spec(write_cluster_file(base, name, mode))

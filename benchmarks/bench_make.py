@@ -107,8 +107,8 @@ def makefile(recipes: int, include: str | None) -> str:
 
 def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     from gmountpy import launch
-    from gmountpy import state as state_store
-    from gmountpy.config import load_spec
+    from gmountpy.cluster import state as state_store
+    from gmountpy.cluster.config import load_spec
     from gmountpy_make import MAKEFILE
 
     wrapper = os.path.join(BIN, "gmount-sh")

@@ -3,7 +3,7 @@
 
     python benchmarks/bench_rpc.py [--tls] [--seconds 3]
 
-The server is a real `gmountpy.rpc.serve` in a child process on 127.0.0.1
+The server is a real `gmountpy.protocol.rpc.serve` in a child process on 127.0.0.1
 answering `small` with a few bytes and `mib` with 1 MiB (one reused
 `bytes`), so the numbers are what the wire, the framing and (without TLS)
 the per-frame MAC cost, without any file system underneath.
@@ -21,16 +21,16 @@ from typing import Any
 
 import trio
 
-from gmountpy import rpc
 from gmountpy._trio import open_nursery
-from gmountpy.tls import client_context, make_cluster_credentials, server_context
+from gmountpy.protocol import rpc
+from gmountpy.protocol.tls import client_context, make_cluster_credentials, server_context
 
 SECRET = b"b" * 32
 MIB = b"\x5a" * (1 << 20)
 
 
 def _server(port_queue: Any, credentials: dict[str, str] | None) -> None:
-    from gmountpy.tls import NodeCredentials
+    from gmountpy.protocol.tls import NodeCredentials
 
     async def dispatch(session: rpc.Session, op: str, args: list[Any]) -> Any:
         return MIB if op == "mib" else b"ok"

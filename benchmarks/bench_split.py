@@ -67,8 +67,8 @@ def index_stats(cluster: Any) -> dict[str, Any]:
     """Each node's directory index statistics (DirectoryIndex.statistics, through `stats`)."""
     import trio
 
-    from gmountpy import client
-    from gmountpy import messages as msg
+    from gmountpy.protocol import client
+    from gmountpy.protocol import messages as msg
 
     async def main() -> dict[str, Any]:
         return {node: (await client.ask(cluster, node, msg.Stats())).get("index", {}) for node in cluster.nodes}
@@ -78,7 +78,7 @@ def index_stats(cluster: Any) -> dict[str, Any]:
 
 def run(split: int, files: int, base: Path, holder: dict[str, Any]) -> dict[str, Any]:
     from gmountpy import launch
-    from gmountpy.config import load_spec
+    from gmountpy.cluster.config import load_spec
 
     name = f"bs-{split}-{os.getpid()}"
     path = write_cluster_file(base, name, "index")

@@ -1,7 +1,7 @@
 """gmountpy: one locality-aware namespace over the local disks of machines you can SSH into.
 
 The names below are loaded on first use (PEP 562), so that `import
-gmountpy.placement` or `gmountpy.mounts` costs milliseconds: make's
+gmountpy.jobs.placement` or `gmountpy.cluster.mounts` costs milliseconds: make's
 `gmount-sh` imports them once per recipe and must not pay for trio,
 networkx and the launcher each time.
 """
@@ -33,18 +33,18 @@ if TYPE_CHECKING:
         StageError,
         StageReport,
     )
-    from .config import ClusterSpec, SpecError, load_spec
+    from .cluster.config import ClusterSpec, SpecError, load_spec
+    from .cluster.overlay import Overlay
     from .errors import GmountError
-    from .overlay import Overlay
 
 #: public name -> the submodule that defines it
 _HOMES = {
     **dict.fromkeys(("Cluster", "ClusterStatus", "CommandTimeout", "Entry", "FileLocations", "Holder", "Listing",
                      "Locations", "Node", "Nodes", "Placement", "RunResult", "StagedFile", "StageError",
                      "StageReport"), "api"),
-    **dict.fromkeys(("ClusterSpec", "SpecError", "load_spec"), "config"),
+    **dict.fromkeys(("ClusterSpec", "SpecError", "load_spec"), "cluster.config"),
     "GmountError": "errors",
-    "Overlay": "overlay",
+    "Overlay": "cluster.overlay",
 }
 
 __all__ = [

@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from . import state as state_store
 from .api import Cluster, PathLike
+from .cluster import state as state_store
 
 __all__ = ["nodelist", "slurm_extra"]
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from gmountpy import launch
-from gmountpy.config import ClusterSpec, load_spec
+from gmountpy.cluster.config import ClusterSpec, load_spec
+from gmountpy.cluster.state import ClusterState
 from gmountpy.launch.orchestrate import pid_is_daemon
-from gmountpy.state import ClusterState
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -14,9 +14,9 @@ import trio
 
 import gmountpy
 from gmountpy import Cluster, CommandTimeout, GmountError, StageError, launch
-from gmountpy import state as state_store
 from gmountpy.api import _running
-from gmountpy.config import load_spec
+from gmountpy.cluster import state as state_store
+from gmountpy.cluster.config import load_spec
 
 from .conftest import LocalCluster, force_cleanup, wait_for
 from .launch.conftest import Sshd, sshd  # noqa: F401,F811  (the real OpenSSH sshd, for the SSH case)

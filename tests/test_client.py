@@ -1,4 +1,4 @@
-"""The one RPC client (gmountpy.client): connections opened once and shared, errors that say what to do."""
+"""The one RPC client (gmountpy.protocol.client): connections opened once and shared, errors that say what to do."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 import trio
 
-from gmountpy import rpc
 from gmountpy._trio import open_nursery
-from gmountpy.client import ClusterClient, open_client
-from gmountpy.config import load_spec
+from gmountpy.cluster.config import load_spec
+from gmountpy.cluster.state import ClusterState, NodeRecord
 from gmountpy.errors import GmountError, NodeUnavailable, PeerUnavailable
-from gmountpy.messages import Ping
-from gmountpy.state import ClusterState, NodeRecord
+from gmountpy.protocol import rpc
+from gmountpy.protocol.client import ClusterClient, open_client
+from gmountpy.protocol.messages import Ping
 
 from ._trio import trio_test
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gmountpy.config import ClusterSpec, Link, NodeSpec, SpecError, Tuning, load_spec, parse_spec
+from gmountpy.cluster.config import ClusterSpec, Link, NodeSpec, SpecError, Tuning, load_spec, parse_spec
 
 DEMO_TOML = """\
 name = "demo"
@@ -467,7 +467,7 @@ nodes = ["n1"]
 
 
 def test_ssh_table_parses_with_paths_resolved(tmp_path: Path) -> None:
-    from gmountpy.config import SshOptions
+    from gmountpy.cluster.config import SshOptions
 
     spec = load_spec(write(tmp_path, SSH_TOML))
     assert spec.ssh == SshOptions(known_hosts=str(tmp_path / "keys" / "known_hosts"), verify_host_keys=True,
@@ -480,7 +480,7 @@ def test_ssh_table_parses_with_paths_resolved(tmp_path: Path) -> None:
 
 
 def test_ssh_defaults_follow_the_users_own_ssh_setup() -> None:
-    from gmountpy.config import SshOptions
+    from gmountpy.cluster.config import SshOptions
 
     spec = parse_spec(demo())
     assert spec.ssh == SshOptions()

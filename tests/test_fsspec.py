@@ -17,7 +17,7 @@ import pytest
 from fsspec.tests.abstract import AbstractFixtures
 from fsspec.tests.abstract.get import AbstractGetTests
 
-from gmountpy.fsspec import GmountFileSystem
+from gmountpy.api.filesystem import GmountFileSystem
 
 from .conftest import LocalCluster  # noqa: E402
 

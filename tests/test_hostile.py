@@ -16,11 +16,11 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gmountpy import rpc, wire
 from gmountpy._trio import open_nursery
-from gmountpy.client import call, run_sync
+from gmountpy.cluster.state import load_secret
 from gmountpy.errors import PeerUnavailable
-from gmountpy.state import load_secret
+from gmountpy.protocol import rpc, wire
+from gmountpy.protocol.client import call, run_sync
 
 from .conftest import LocalCluster
 

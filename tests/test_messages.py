@@ -1,4 +1,4 @@
-"""The typed RPC messages (gmountpy.messages) against the real service and daemon.
+"""The typed RPC messages (gmountpy.protocol.messages) against the real service and daemon.
 
 Every operation a node answers -- its service's, the daemon's, and the
 directory index's -- must have a request type whose fields are the
@@ -22,18 +22,18 @@ from typing import Any
 import pytest
 import trio
 
-from gmountpy import messages as msg
-from gmountpy import rpc
-from gmountpy import state as state_store
 from gmountpy._trio import open_nursery
-from gmountpy.client import client_ssl
+from gmountpy.cluster import state as state_store
+from gmountpy.cluster.state import ClusterState
 from gmountpy.node import index as index_module
 from gmountpy.node.control import NodeControl
-from gmountpy.node.export import Attr
 from gmountpy.node.index import DirectoryIndex, ExportWatcher, Homes, IndexLocator, name_hash
 from gmountpy.node.service import HANDLE_OPS, NodeService
-from gmountpy.state import ClusterState
-from gmountpy.tls import ClusterCA
+from gmountpy.protocol import messages as msg
+from gmountpy.protocol import rpc
+from gmountpy.protocol.attr import Attr
+from gmountpy.protocol.client import client_ssl
+from gmountpy.protocol.tls import ClusterCA
 
 from .conftest import fuse_problem, local_cluster, require
 
@@ -102,7 +102,7 @@ def _wire_fields(kind: type[msg.Request[Any]]) -> list[tuple[str, Any]]:
 
 def test_every_service_op_has_a_request_with_its_arguments_in_order() -> None:
     for op, params in _service_ops().items():
-        assert op in msg.REQUESTS, f"service op {op!r} has no request type in gmountpy/messages.py"
+        assert op in msg.REQUESTS, f"service op {op!r} has no request type in gmountpy/protocol/messages.py"
         fields = [f.name for f in dataclasses.fields(msg.REQUESTS[op])]
         assert fields == params, f"{op}: request fields {fields}, the service takes {params}"
 
@@ -111,7 +111,7 @@ def test_every_index_op_has_a_request_with_its_arguments_and_defaults_in_order()
     ops = _index_ops()
     assert {"index_lookup", "index_part", "index_backup", "index_listdir", "index_unhome", "rescan"} <= set(ops)
     for op, params in ops.items():
-        assert op in msg.REQUESTS, f"index op {op!r} has no request type in gmountpy/messages.py"
+        assert op in msg.REQUESTS, f"index op {op!r} has no request type in gmountpy/protocol/messages.py"
         fields = _wire_fields(msg.REQUESTS[op])
         assert fields == params, f"{op}: request fields {fields}, the index takes {params}"
 

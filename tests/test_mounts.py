@@ -1,4 +1,4 @@
-"""gmountpy.mounts without a cluster: the state files it reads (the mounts' parts: tests/plugins/test_make.py)."""
+"""gmountpy.cluster.mounts without a cluster: the state files it reads (mounts: tests/plugins/test_make.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gmountpy import mounts
+from gmountpy.cluster import mounts
 
 
 def test_mounts_load_state_keeps_a_private_marshal_copy(tmp_path: Path) -> None:

@@ -12,8 +12,8 @@ import nbclient
 import nbformat
 import pytest
 
-from gmountpy import state as state_store
-from gmountpy.config import load_spec
+from gmountpy.cluster import state as state_store
+from gmountpy.cluster.config import load_spec
 
 from .conftest import force_cleanup, fuse_problem, require
 

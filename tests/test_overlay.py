@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gmountpy.config import ClusterSpec, parse_spec
-from gmountpy.overlay import Overlay
+from gmountpy.cluster.config import ClusterSpec, parse_spec
+from gmountpy.cluster.overlay import Overlay
 
 
 def make_spec(sites: dict[str, list[str]], links: list[tuple[str, str, float]], **extra: Any) -> ClusterSpec:

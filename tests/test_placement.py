@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gmountpy.placement import choose_node
+from gmountpy.jobs.placement import choose_node
 
 NODES = ["n1", "n2", "n3", "n4", "n5"]
 SITE = {"n1": "a", "n2": "a", "n3": "b", "n4": "b", "n5": "c"}

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import trio
 
-from gmountpy import rpc, wire
 from gmountpy._trio import open_nursery
 from gmountpy.errors import PeerUnavailable
+from gmountpy.protocol import rpc, wire
 
 from ._trio import trio_test
 

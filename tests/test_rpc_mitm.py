@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from gmountpy import rpc, wire
 from gmountpy._trio import open_nursery
 from gmountpy.errors import PeerUnavailable
 from gmountpy.node.export import Export
 from gmountpy.node.service import NodeService
+from gmountpy.protocol import rpc, wire
 
 from ._trio import trio_test
 

@@ -8,8 +8,8 @@ import uuid
 from pathlib import Path
 
 from gmountpy import Cluster
-from gmountpy.config import NodeSpec, SshOptions
-from gmountpy.spawn import remote_script, ssh_argv
+from gmountpy.cluster.config import NodeSpec, SshOptions
+from gmountpy.jobs.spawn import remote_script, ssh_argv
 
 from .conftest import LocalCluster, wait_for
 

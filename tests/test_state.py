@@ -1,4 +1,4 @@
-"""The one resolver from what a user types to a running cluster (gmountpy.state.resolve)."""
+"""The one resolver from what a user types to a running cluster (gmountpy.cluster.state.resolve)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from gmountpy import state as state_store
 from gmountpy.api import Cluster
-from gmountpy.config import load_spec
+from gmountpy.cluster import state as state_store
+from gmountpy.cluster.config import load_spec
+from gmountpy.cluster.state import ClusterState, NodeRecord, resolve
 from gmountpy.errors import GmountError
-from gmountpy.state import ClusterState, NodeRecord, resolve
 
 
 def cluster_file(base: Path, name: str) -> Path:
@@ -100,7 +100,7 @@ def test_cluster_open_goes_through_the_resolver(tmp_path: Path) -> None:
 
 
 def test_remove_takes_the_mounts_copy_of_the_state_with_it(tmp_path: Path) -> None:
-    from gmountpy import mounts
+    from gmountpy.cluster import mounts
 
     record_running(tmp_path / "c", "gone")
     path = str(Path(state_store.state_dir()) / "gone.json")

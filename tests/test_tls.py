@@ -9,10 +9,10 @@ import functools
 import pytest
 import trio
 
-from gmountpy import rpc
 from gmountpy._trio import open_nursery
 from gmountpy.errors import PeerUnavailable
-from gmountpy.tls import (
+from gmountpy.protocol import rpc
+from gmountpy.protocol.tls import (
     CA_VALIDITY,
     NODE_VALIDITY,
     RENEW_WITHIN,
@@ -117,8 +117,8 @@ def test_a_tls_cluster_works_end_to_end(tmp_path) -> None:  # type: ignore[no-un
     import os
 
     from gmountpy import launch
-    from gmountpy import state as state_store
-    from gmountpy.client import call, run_sync
+    from gmountpy.cluster import state as state_store
+    from gmountpy.protocol.client import call, run_sync
 
     from .conftest import FOUR_NODE_LINKS, FOUR_NODES, fuse_problem, local_cluster, require
 
@@ -159,9 +159,10 @@ async def presented_certificate(host: str, port: int, ca: str, node: str) -> byt
 def test_gmount_up_renews_expiring_certificates_of_a_running_cluster(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import ssl as ssl_module
 
-    from gmountpy import launch, tls
-    from gmountpy import state as state_store
+    from gmountpy import launch
+    from gmountpy.cluster import state as state_store
     from gmountpy.errors import GmountError
+    from gmountpy.protocol import tls
 
     from .conftest import fuse_problem, local_cluster, require, wait_for
 
@@ -185,7 +186,7 @@ def test_gmount_up_renews_expiring_certificates_of_a_running_cluster(tmp_path, m
         (cluster.export("n2") / "after-renewal.txt").write_text("still talking")
         assert (cluster.mount("n1") / "after-renewal.txt").read_text() == "still talking"
         assert all(s.up for s in launch.status("renew"))
-        from gmountpy.client import call, run_sync
+        from gmountpy.protocol.client import call, run_sync
 
         # the read above opened a handle on n2 and closed it (the kernel's release may come a moment later)
         assert wait_for(lambda: run_sync(call, state, "n2", "stats")["peer_handles"] == 0)

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gmountpy import wire
-from gmountpy.wire import ErrorReply, FrameDecoder, Hello, ProtocolError, Reply, Request
+from gmountpy.protocol import wire
+from gmountpy.protocol.wire import ErrorReply, FrameDecoder, Hello, ProtocolError, Reply, Request
 
 # Timing is not what these tests check, and a loaded CI machine is slow.
 no_deadline = settings(deadline=None)

@@ -10,7 +10,7 @@ import fsspec
 import pytest
 
 from gmountpy import Cluster
-from gmountpy.fsspec import GmountFileSystem
+from gmountpy.api.filesystem import GmountFileSystem
 
 from .conftest import LocalCluster, wait_for
 

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     signal.signal(signal.SIGTERM, _interrupt)
     from gmountpy import launch
-    from gmountpy.config import load_spec
+    from gmountpy.cluster.config import load_spec
 
     run = describe_run()
     rows: list[dict[str, Any]] = []

@@ -151,7 +151,7 @@ class Gmount:
     """gmountpy: targets written into the holders' exports before `up`, so no cache is stale."""
 
     def __init__(self, emu: wan.Emulation, name: str = "gmountpy", central: str = "") -> None:
-        from gmountpy.config import load_spec
+        from gmountpy.cluster.config import load_spec
 
         self.name = name
         self.emu = emu

@@ -34,7 +34,7 @@ def up_command(cluster_file: str, start_gmount: bool) -> None:
             click.echo(f"  rtt {a} <-> {b}: {rtt:g} ms")
     if start_gmount:
         from gmountpy import launch
-        from gmountpy.config import load_spec
+        from gmountpy.cluster.config import load_spec
 
         emu.gmount_up = True
         emu.save()

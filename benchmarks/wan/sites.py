@@ -42,7 +42,7 @@ from typing import Any
 
 import networkx as nx  # type: ignore[import-untyped]
 
-from gmountpy.config import ClusterSpec, parse_spec
+from gmountpy.cluster.config import ClusterSpec, parse_spec
 from gmountpy.errors import GmountError
 
 IPTABLES = "iptables-legacy"
@@ -435,7 +435,7 @@ def _mounted(path: str) -> bool:
 
 def _gmount_runs_here(emu: Emulation) -> bool:
     """True if the gmount cluster recorded under this name has its daemons in our namespaces."""
-    from gmountpy import state as state_store
+    from gmountpy.cluster import state as state_store
 
     try:
         state = state_store.load(emu.name)
@@ -526,7 +526,7 @@ def gmount_cluster(emu: Emulation, variant: str = "", tuning: dict[str, Any] | N
     its own (suffixed `-<variant>`) and `tuning` added: e.g. `lookup = "central"` beside the default.
     """
     from gmountpy import launch
-    from gmountpy.config import load_spec
+    from gmountpy.cluster.config import load_spec
 
     path = variant_file(emu, variant, tuning or {}) if variant else emu.cluster_file
     spec = load_spec(path)

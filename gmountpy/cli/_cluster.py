@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from .. import state as state_store
 from ..api import Cluster
+from ..cluster import state as state_store
 
 
 def open_cluster(cluster: str | None, paths: Iterable[str] = ()) -> Cluster:
     """--cluster (name or file) if given; else the cluster whose mount holds a PATH or the current
-    directory; else the only running cluster (gmountpy.state.resolve)."""
+    directory; else the only running cluster (gmountpy.cluster.state.resolve)."""
     found = state_store.resolve(cluster, paths=[*paths, os.getcwd()])
     return Cluster(found.state, home=found.node)
 

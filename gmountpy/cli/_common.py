@@ -10,7 +10,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from ..config import ClusterSpec, load_spec
+from ..cluster.config import ClusterSpec, load_spec
 
 console = Console()
 err_console = Console(stderr=True)

@@ -6,7 +6,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from ..audit import WARN, audit, summary
+from ..launch.audit import WARN, audit, summary
 from ._common import console, spec_from
 
 _STYLE = {"ok": "green", "info": "cyan", "warn": "yellow"}

@@ -8,8 +8,8 @@ import click
 from rich.table import Table
 
 from .. import launch
-from .. import state as state_store
-from ..config import load_spec
+from ..cluster import state as state_store
+from ..cluster.config import load_spec
 from ._common import console
 
 DEMO_TOML = """\

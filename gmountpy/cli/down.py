@@ -4,7 +4,7 @@ import click
 from rich.markup import escape
 
 from .. import launch
-from .. import state as state_store
+from ..cluster import state as state_store
 from ._common import console, live_node_table, spec_from
 
 _STYLE = {"stopping": "yellow", "stopped": "green", "unreachable": "red"}

@@ -5,7 +5,7 @@ import json
 import click
 from rich.table import Table
 
-from .._results import human_size
+from ..api.results import human_size
 from ._cluster import cluster_option_help, open_cluster
 from ._common import console
 

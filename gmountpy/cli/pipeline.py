@@ -13,7 +13,7 @@ import click
 
 from .. import launch
 from ..api import Cluster
-from ..config import load_spec
+from ..cluster.config import load_spec
 from ..errors import GmountError
 from ._common import console
 
@@ -133,5 +133,5 @@ def command(name: str, tiles: int | None, docs: int | None, tile_pixels: int | N
 
 
 def _running(name: str) -> bool:
-    from .. import state as state_store
+    from ..cluster import state as state_store
     return state_store.load(name) is not None

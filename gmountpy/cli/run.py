@@ -5,8 +5,8 @@ import shlex
 
 import click
 
-from .. import state as state_store
 from ..api import CommandTimeout
+from ..cluster import state as state_store
 from ._cluster import cluster_option_help, open_cluster
 
 

@@ -4,7 +4,7 @@ import json
 
 import click
 
-from .._results import StageError, StageReport, human_size
+from ..api.results import StageError, StageReport, human_size
 from ._cluster import cluster_option_help, open_cluster
 from ._common import console, err_console
 

@@ -5,11 +5,11 @@ import json
 import click
 from rich.table import Table
 
-from .. import state as state_store
-from ..client import ask, run_sync
+from ..cluster import state as state_store
+from ..cluster.state import ClusterState
 from ..errors import GmountError
-from ..messages import HolderRow, Where
-from ..state import ClusterState
+from ..protocol.client import ask, run_sync
+from ..protocol.messages import HolderRow, Where
 from ._common import console
 
 

@@ -15,16 +15,16 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .. import state as state_store
 from .._sync import blocking
 from .._trio import open_nursery
-from ..client import ask, ping_all, run_sync
-from ..config import ClusterSpec
+from ..cluster import state as state_store
+from ..cluster.config import ClusterSpec
+from ..cluster.state import ClusterState, NodeRecord
 from ..errors import GmountError
-from ..messages import RenewTls, SetPeers
 from ..node.directories import directory_problems
-from ..state import ClusterState, NodeRecord
-from ..tls import ClusterCA, NodeCredentials, expiring
+from ..protocol.client import ask, ping_all, run_sync
+from ..protocol.messages import RenewTls, SetPeers
+from ..protocol.tls import ClusterCA, NodeCredentials, expiring
 from .local import spawn_local, stop_local
 from .orchestrate import LaunchError, Progress, pid_is_daemon, start_cluster
 

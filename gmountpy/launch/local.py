@@ -13,9 +13,9 @@ import subprocess
 import sys
 import time
 
-from ..config import NodeSpec
+from ..cluster.config import NodeSpec
+from ..cluster.state import ClusterState, NodeRecord
 from ..errors import GmountError
-from ..state import ClusterState, NodeRecord
 from .orchestrate import pid_is_daemon
 
 

@@ -18,11 +18,11 @@ from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..config import ClusterSpec, NodeSpec
+from ..cluster.config import ClusterSpec, NodeSpec
+from ..cluster.state import ClusterState, NodeRecord
 from ..errors import GmountError
 from ..node.startup import LINE_PREFIX, default_log_path
-from ..state import ClusterState, NodeRecord
-from ..tls import NodeCredentials
+from ..protocol.tls import NodeCredentials
 
 
 class DaemonProcess(Protocol):

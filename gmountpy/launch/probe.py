@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import trio
 
-from .. import state as state_store
-from ..client import ClusterClient, open_client
-from ..config import ClusterSpec, load_spec
+from ..cluster import state as state_store
+from ..cluster.config import ClusterSpec, load_spec
+from ..cluster.state import ClusterState
 from ..errors import GmountError
-from ..state import ClusterState
+from ..protocol.client import ClusterClient, open_client
 from . import _run
 from .ssh import SiteRtt, measure_site_rtts
 

@@ -41,10 +41,10 @@ from typing import Any
 import asyncssh
 
 from .._version import __version__
-from ..config import ClusterSpec, NodeSpec, SshOptions
+from ..cluster.config import ClusterSpec, NodeSpec, SshOptions
+from ..cluster.state import ClusterState
 from ..errors import GmountError
-from ..state import ClusterState
-from ..tls import NodeCredentials
+from ..protocol.tls import NodeCredentials
 from .orchestrate import LaunchError, Progress, start_cluster
 
 __all__ = [

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .. import rpc
-from ..config import ClusterSpec
-from ..messages import HolderRow, LsEntry, LsReply, StageReply
-from ..overlay import Overlay
-from ..tls import NodeCredentials, certificate_problem, expires, load_credentials
+from ..cluster.config import ClusterSpec
+from ..cluster.overlay import Overlay
+from ..protocol import rpc
+from ..protocol.messages import HolderRow, LsEntry, LsReply, StageReply
+from ..protocol.tls import NodeCredentials, certificate_problem, expires, load_credentials
 from . import readahead
 from .index import DirectoryIndex, IndexLocator
 from .locator import Locator

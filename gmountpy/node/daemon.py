@@ -34,13 +34,13 @@ from typing import Any, TextIO
 import pyfuse3
 import trio
 
-from .. import rpc
 from .._trio import open_nursery
 from .._version import __version__
-from ..config import ClusterSpec, NodeSpec
+from ..cluster.config import ClusterSpec, NodeSpec
+from ..cluster.overlay import Overlay
 from ..errors import GmountError
-from ..overlay import Overlay
-from ..tls import NodeCredentials, certificate_problem, client_context, server_context
+from ..protocol import rpc
+from ..protocol.tls import NodeCredentials, certificate_problem, client_context, server_context
 from . import readahead
 from .control import NodeControl
 from .directories import directory_problems

@@ -9,7 +9,7 @@ from __future__ import annotations
 import errno
 import os
 
-from ..config import NodeSpec
+from ..cluster.config import NodeSpec
 
 
 def directory_problems(node: NodeSpec) -> list[str]:

@@ -20,7 +20,7 @@ import pyfuse3
 import trio
 
 from ..errors import PeerUnavailable
-from .export import Attr
+from ..protocol.attr import Attr
 from .inodes import ROOT_INODE, InodeTable
 from .locator import AbsentForNow
 from .namespace import FileHandle, Namespace, join

@@ -8,7 +8,7 @@ its attributes -- and answers in one round trip: who holds this name
 (`index_claim`), and here is a change (`index_set`, `index_drop`,
 `index_replace`, `index_rename` -- a drop and a replace in one message --,
 `index_forget`). Every `index_*` operation is asked with its
-typed request in gmountpy.messages (`IndexLookup` answers an
+typed request in gmountpy.protocol.messages (`IndexLookup` answers an
 `IndexLookupReply`, ...), as every other operation of a node is.
 
 Where homes are (`Homes`). The issue asked for rendezvous hashing of the path
@@ -90,11 +90,11 @@ from typing import Any, NamedTuple, Protocol
 
 import trio
 
-from .. import messages as msg
 from .._trio import open_nursery
 from ..errors import PeerUnavailable
-from ..messages import DirEntry, IndexHolder, IndexListReply, IndexLookupReply, R, Request
-from .export import Attr
+from ..protocol import messages as msg
+from ..protocol.attr import Attr
+from ..protocol.messages import DirEntry, IndexHolder, IndexListReply, IndexLookupReply, R, Request
 from .locator import (
     ANNOUNCE_TIMEOUT,
     AbsentForNow,
@@ -134,7 +134,7 @@ LISTINGS_KEPT = 1024
 
 class Peers(Protocol):
     """What the index needs of the peer pool (PeerPool, or a test's in-memory network): `ask` with
-    the typed requests of gmountpy.messages; `call` passes a node's own listing on untouched."""
+    the typed requests of gmountpy.protocol.messages; `call` passes a node's own listing on untouched."""
 
     me: str
 

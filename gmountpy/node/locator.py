@@ -20,11 +20,11 @@ from typing import Protocol, TypeVar
 
 import trio
 
-from .. import messages as msg
 from .._trio import open_nursery
 from ..errors import PeerUnavailable
-from ..messages import LocateReply, R, ReplicaSource, Request
-from .export import Attr
+from ..protocol import messages as msg
+from ..protocol.attr import Attr
+from ..protocol.messages import LocateReply, R, ReplicaSource, Request
 
 log = logging.getLogger(__name__)
 _V = TypeVar("_V")
@@ -73,7 +73,7 @@ class FloodPeers(Protocol):
 
 
 class Locator(Protocol):
-    """What the namespace needs from a locator (DESIGN.md: the locator seam).
+    """What the namespace needs from a locator (docs/design.md: the locator seam).
 
     The `announce_*` calls are made after a change to an export has happened (or, for
     `claim`, before a create on this node) and return once every node that must know

@@ -1,6 +1,6 @@
 """The union namespace, by path: what every file operation means across nodes.
 
-This is where DESIGN.md's semantics live, so that the FUSE layer only maps
+This is where the semantics of docs/design.md live, so that the FUSE layer only maps
 inodes to paths. In short:
 
 - a path resolves to its nearest holder (the locator decides);
@@ -9,7 +9,7 @@ inodes to paths. In short:
   but only after asking every reachable node (past the caches) that the name
   is new: an existing file is opened instead (no twin), O_EXCL and mkdir fail
   with EEXIST. A create then tells every reachable node, before it returns,
-  to drop its "not found" for the name (DESIGN.md, the hand-off contract);
+  to drop its "not found" for the name (docs/design.md, the hand-off contract);
 - unlink, rmdir and rename refuse (EIO, naming the node) while a node cannot
   be asked: a holder we did not see would bring the old name back later;
 - unlink removes the file from every node that holds it, so it is gone;
@@ -33,11 +33,12 @@ from typing import TypeVar
 
 import trio
 
-from .. import messages as msg
 from .._trio import open_nursery
 from ..errors import PeerUnavailable
-from ..messages import DirEntry
-from .export import Attr, Export, off_loop, pread, pwrite, split_path
+from ..protocol import messages as msg
+from ..protocol.attr import Attr
+from ..protocol.messages import DirEntry
+from .export import Export, off_loop, pread, pwrite, split_path
 from .locator import Location, Locator
 from .peers import PeerPool
 from .readahead import ReadAhead

@@ -3,7 +3,7 @@
 `call(node, op, ...)` is the one way the node talks to any node, itself
 included: a call to itself goes straight to the local service without a
 socket, so the layers above need no special case for "local". The
-connections themselves are gmountpy.client's ClusterClient, as for every
+connections themselves are gmountpy.protocol.client's ClusterClient, as for every
 other client of the daemons.
 
 A peer that cannot be reached is marked down for `retry_after` seconds, so a
@@ -21,9 +21,9 @@ from typing import Any
 
 import trio
 
-from .. import rpc
-from ..client import ClusterClient
 from ..errors import PeerUnavailable
+from ..protocol import rpc
+from ..protocol.client import ClusterClient
 from .service import NodeService
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ import threading
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from .export import Attr
+from ..protocol.attr import Attr
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,10 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ..config import Tuning
-from ..rpc import Session
-from .export import Attr, Export, off_loop, pread, pwrite, split_path
+from ..cluster.config import Tuning
+from ..protocol.attr import Attr
+from ..protocol.rpc import Session
+from .export import Export, off_loop, pread, pwrite, split_path
 from .replicas import STAGED_XATTR, Replica, ReplicaTable, is_marked_copy
 
 log = logging.getLogger(__name__)

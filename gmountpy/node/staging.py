@@ -18,10 +18,11 @@ import os
 import time
 import uuid
 
-from .. import messages as msg
 from .._trio import open_nursery
-from ..messages import StageReply
-from .export import Attr, Export, off_loop
+from ..protocol import messages as msg
+from ..protocol.attr import Attr
+from ..protocol.messages import StageReply
+from .export import Export, off_loop
 from .locator import Location
 from .namespace import Namespace
 from .replicas import STAGED_XATTR, Replica, staged_mark

@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .._results import human_size
+from ..api.results import human_size
 
 
 def print_report(console: Console, runs: list[dict[str, Any]], reference: dict[str, Any] | None) -> None:

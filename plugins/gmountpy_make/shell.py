@@ -3,8 +3,8 @@
 make calls `gmount-sh -c RECIPE` (or with its .SHELLFLAGS) for every recipe
 line (one call per recipe with .ONESHELL), with GMOUNT_TARGET=$@ and
 GMOUNT_DEPS=$^ in the environment. This runs once per recipe, so it imports
-only the standard library and the stdlib-only `gmountpy.mounts` (and
-`gmountpy.placement` when more than one node holds inputs) -- not even
+only the standard library and the stdlib-only `gmountpy.cluster.mounts` (and
+`gmountpy.jobs.placement` when more than one node holds inputs) -- not even
 `json` (it loads `re`) nor `signal`'s enums: the log line is written by
 `json_line`, signals are handled through `_signal`; the full
 API is loaded only to reach SSH nodes. The recipe starts with posix_spawn
@@ -13,7 +13,7 @@ API is loaded only to reach SSH nodes. The recipe starts with posix_spawn
 - No target (a `$(shell ...)`): exec the recipe shell right here.
 - Otherwise: find the cluster and node from the current directory (it is
   inside a node's mount), ask the mount who holds each prerequisite, choose
-  the node with Pwrake's rule (`gmountpy.placement.choose_node`; the make
+  the node with Pwrake's rule (`gmountpy.jobs.placement.choose_node`; the make
   process's node when no prerequisite is in the namespace), and run the
   recipe with the recipe shell in the same directory of that node's mount,
   with GMOUNT_NODE, GMOUNT_SITE and GMOUNT_CLUSTER set -- `Cluster.run`'s
@@ -35,7 +35,7 @@ import os
 import sys
 import time
 
-from gmountpy import mounts
+from gmountpy.cluster import mounts
 
 TYPE_CHECKING = False  # typing is not imported at run time: it costs more than a small recipe
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def choose(cluster: mounts.MountedCluster, here: str, holdings: dict[str, dict[s
     holding = [name for name, score in scores.items() if score > 0]
     if len(holding) == 1:  # the only candidate under the rule (every other node scores 0 < best/2)
         return holding[0]
-    from gmountpy.placement import choose_node
+    from gmountpy.jobs.placement import choose_node
     decision = choose_node(holdings, list(cluster.nodes),
                            slots={name: n.slots for name, n in cluster.nodes.items()},
                            running={}, rtt=cluster.rtt)

@@ -56,7 +56,7 @@ from Pegasus.api import (
 
 from gmountpy.api import Cluster, FileLocations
 from gmountpy.errors import GmountError
-from gmountpy.placement import choose_node
+from gmountpy.jobs.placement import choose_node
 
 __all__ = ["SELECTOR_SCRIPT", "Prepared", "catalog_properties", "prepare", "replica_catalog", "selector_properties",
            "site_catalog", "workflow_inputs"]

@@ -23,7 +23,7 @@ doc/sphinx/reference-guide/configuration.rst, "pegasus.selector.site"):
   then stops with "could not map job"; it keeps the request file when the
   selector exits non-zero (``pegasus.selector.site.keep.tmp=onerror``).
 
-The answer here: the gmount placement rule (gmountpy.placement) over the
+The answer here: the gmount placement rule (gmountpy.jobs.placement) over the
 candidate sites that are gmount nodes, with the inputs' holders looked up
 live. A job none of whose inputs a candidate holds goes "anywhere": the
 callout sees one job at a time and no load, so it spreads such jobs over the
@@ -103,7 +103,7 @@ def spread(job_id: str, nodes: Sequence[str], slots: Mapping[str, int]) -> str:
 
 def choose_site(request: Request, cluster: Cluster, root: str = "/") -> tuple[str | None, str]:
     """(site, why) for a request: None when no candidate is a node of `cluster` ."""
-    from gmountpy.placement import choose_node
+    from gmountpy.jobs.placement import choose_node
 
     nodes = [node for node in cluster.nodes if node.name in request.candidates]
     if not nodes:

@@ -167,7 +167,7 @@ def test_down_by_name_removes_an_emulation_left_up(wan: None, base: Path) -> Non
 
 
 def test_netns_in_a_cluster_file_expands_placeholders_and_needs_the_local_launcher(tmp_path: Path) -> None:
-    from gmountpy.config import ClusterSpec, SpecError, parse_spec
+    from gmountpy.cluster.config import ClusterSpec, SpecError, parse_spec
 
     defaults = {"export": "/x/{node}/e", "mountpoint": "/x/{node}/m", "netns": "ns-{site}"}
     data: dict[str, Any] = {"name": "c", "defaults": defaults,

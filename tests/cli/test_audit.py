@@ -10,10 +10,10 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from gmountpy import audit as auditing
-from gmountpy import state as state_store
 from gmountpy.cli import main as cli_main
-from gmountpy.config import load_spec, parse_spec
+from gmountpy.cluster import state as state_store
+from gmountpy.cluster.config import load_spec, parse_spec
+from gmountpy.launch import audit as auditing
 
 from ..conftest import fuse_problem, local_cluster, require, write_cluster_file
 

@@ -60,7 +60,7 @@ def test_bad_cluster_file_is_one_clear_line(tmp_path: Path) -> None:
 def test_demo_brings_up_a_cluster_and_down_stops_it(tmp_path: Path) -> None:
     require("FUSE", fuse_problem())
     base = tmp_path / "demo"
-    from gmountpy.config import load_spec
+    from gmountpy.cluster.config import load_spec
     try:
         out = gmount("demo", "--dir", str(base)).stdout
         assert "inputs/survey/tile-002.txt" in out and "n4" in out

@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from gmountpy import launch
-from gmountpy import state as state_store
 from gmountpy.cli import main as cli_main
-from gmountpy.config import SpecError, load_spec, parse_spec
+from gmountpy.cluster import state as state_store
+from gmountpy.cluster.config import SpecError, load_spec, parse_spec
 from gmountpy.launch.orchestrate import LaunchError
 
 from ..conftest import force_cleanup, fuse_problem, require

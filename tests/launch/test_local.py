@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gmountpy import launch
-from gmountpy import state as state_store
+from gmountpy.cluster import state as state_store
 from gmountpy.errors import GmountError
 from gmountpy.launch.orchestrate import LaunchError, pid_is_daemon
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gmountpy.config import load_spec
+from gmountpy.cluster.config import load_spec
 from gmountpy.errors import GmountError
 from gmountpy.launch.probe import ProbeReport, SiteRtt, links_toml, write_links
 

@@ -7,7 +7,7 @@ import uuid
 from pathlib import Path
 
 from gmountpy import Cluster, launch
-from gmountpy.config import load_spec
+from gmountpy.cluster.config import load_spec
 
 from ..conftest import wait_for
 from .conftest import Sshd, marked_pids

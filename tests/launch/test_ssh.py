@@ -22,12 +22,12 @@ import pytest
 from click.testing import CliRunner
 
 from gmountpy import launch
-from gmountpy import state as state_store
 from gmountpy.cli import main as cli_main
-from gmountpy.config import ClusterSpec, load_spec
+from gmountpy.cluster import state as state_store
+from gmountpy.cluster.config import ClusterSpec, load_spec
+from gmountpy.cluster.state import ClusterState
 from gmountpy.errors import GmountError
 from gmountpy.launch.orchestrate import LaunchError, pid_is_daemon
-from gmountpy.state import ClusterState
 
 from ..conftest import FOUR_NODE_LINKS, FOUR_NODES, force_cleanup, wait_for
 from .conftest import Sshd, marked_pids, mounts_under

@@ -8,7 +8,7 @@ import socket
 import asyncssh
 import pytest
 
-from gmountpy.config import SshOptions, parse_spec
+from gmountpy.cluster.config import SshOptions, parse_spec
 from gmountpy.launch.ssh import Destination, SshPool, _connect_options, _connect_problem, _mounts_escape, _shell_word
 
 DEST = Destination("alice@node7.example.org", 2222)

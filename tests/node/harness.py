@@ -18,16 +18,16 @@ from typing import Any
 
 import trio
 
-from gmountpy import rpc
 from gmountpy._trio import open_nursery
-from gmountpy.config import ClusterSpec, Tuning, parse_spec
+from gmountpy.cluster.config import ClusterSpec, Tuning, parse_spec
+from gmountpy.cluster.overlay import Overlay
 from gmountpy.node.export import Export
 from gmountpy.node.index import DirectoryIndex, ExportWatcher, Homes, IndexLocator
 from gmountpy.node.locator import FloodLocator, Locator
 from gmountpy.node.namespace import Namespace
 from gmountpy.node.peers import PeerAddress, PeerPool
 from gmountpy.node.service import NodeService
-from gmountpy.overlay import Overlay
+from gmountpy.protocol import rpc
 
 SECRET = b"harness secret, 32 bytes long..."
 SITES = {"tsukuba": ["n1", "n2"], "hongo": ["n3", "n4"]}

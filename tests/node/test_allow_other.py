@@ -97,7 +97,7 @@ def test_allow_other_for_a_non_root_daemon_needs_user_allow_other(tmp_path: Path
 
 
 def test_allow_other_is_off_by_default_and_parsed(tmp_path: Path) -> None:
-    from gmountpy.config import ClusterSpec, parse_spec
+    from gmountpy.cluster.config import ClusterSpec, parse_spec
     data = {"name": "x", "defaults": {"export": str(tmp_path / "{node}/e"), "mountpoint": str(tmp_path / "{node}/m")},
             "sites": {"a": {"nodes": ["n1"]}}}
     assert parse_spec(data).allow_other is False

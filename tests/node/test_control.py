@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gmountpy import messages as msg
-from gmountpy import rpc
 from gmountpy.node.control import NodeControl
+from gmountpy.protocol import messages as msg
+from gmountpy.protocol import rpc
 
 from .._trio import trio_test
 from .harness import Cluster, open_cluster

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from gmountpy.node.export import Attr, Export, split_path
+from gmountpy.node.export import Export, split_path
+from gmountpy.protocol.attr import Attr
 
 from ..conftest import require
 

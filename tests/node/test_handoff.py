@@ -1,4 +1,4 @@
-"""The workflow hand-off contract (DESIGN.md), through the real mounts of a 4-node, 2-site cluster.
+"""The workflow hand-off contract (docs/design.md), through the real mounts of a 4-node, 2-site cluster.
 
 n1, n2 are site tsukuba; n3, n4 site hongo. A "hand-off" is what a workflow
 does between two jobs on different nodes: one node writes and closes a file,

@@ -37,12 +37,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from gmountpy import Cluster as ApiCluster
-from gmountpy import launch, rpc
-from gmountpy import messages as msg
+from gmountpy import launch
 from gmountpy.errors import GmountError, PeerUnavailable
 from gmountpy.node import index as index_module
 from gmountpy.node import service as service_module
-from gmountpy.node.export import Attr, Export
+from gmountpy.node.export import Export
 from gmountpy.node.index import (
     CLAIM_GRACE,
     LIST_AHEAD_AFTER,
@@ -58,6 +57,9 @@ from gmountpy.node.index import (
 from gmountpy.node.locator import AbsentForNow
 from gmountpy.node.namespace import Namespace
 from gmountpy.node.service import NodeService
+from gmountpy.protocol import messages as msg
+from gmountpy.protocol import rpc
+from gmountpy.protocol.attr import Attr
 
 from .._trio import elapse, elapse_until, trio_test
 from ..conftest import (

@@ -16,9 +16,9 @@ import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 
-from gmountpy import client
-from gmountpy import messages as msg
 from gmountpy.node.index import Homes, IndexLocator, name_hash, partition_depth, partition_of
+from gmountpy.protocol import client
+from gmountpy.protocol import messages as msg
 
 from .._trio import trio_test
 from ..conftest import FOUR_NODE_LINKS, FOUR_NODES, fuse_problem, local_cluster, require

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 import trio
 
-from gmountpy import rpc
 from gmountpy._trio import open_nursery
-from gmountpy.config import SpecError, Tuning, parse_spec
+from gmountpy.cluster.config import SpecError, Tuning, parse_spec
 from gmountpy.node import readahead
 from gmountpy.node.export import Export
 from gmountpy.node.readahead import BLOCK, MemoryBudget, ReadAhead
 from gmountpy.node.service import NodeService
+from gmountpy.protocol import rpc
 
 from .._trio import trio_test
 
@@ -187,7 +187,7 @@ def test_limits_are_tuning_keys_checked_at_load() -> None:
 
 
 def test_a_state_file_without_the_limits_still_loads() -> None:
-    from gmountpy.config import ClusterSpec
+    from gmountpy.cluster.config import ClusterSpec
 
     spec = parse_spec({"name": "c", "defaults": {"export": "/e/{node}", "mountpoint": "/m/{node}"},
                        "sites": {"s": {"nodes": ["n1"]}}})

@@ -10,8 +10,8 @@ import pytest
 import trio
 
 from gmountpy._trio import open_nursery
-from gmountpy.node.export import Attr
 from gmountpy.node.locator import FloodLocator, Location, LocatorStatistics
+from gmountpy.protocol.attr import Attr
 
 from .._trio import elapse_until, trio_test
 from .harness import Cluster, open_cluster

@@ -1,4 +1,4 @@
-"""The union semantics of DESIGN.md, over four real nodes, without FUSE.
+"""The union semantics of docs/design.md, over four real nodes, without FUSE.
 
 n1, n2: site tsukuba; n3, n4: site hongo. Lookup order from n1 is n1, n2, (n3, n4);
 from n4 it is n4, n3, (n1, n2).

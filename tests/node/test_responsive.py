@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gmountpy.client import call, run_sync
+from gmountpy.protocol.client import call, run_sync
 
 from ..conftest import LocalCluster, fuse_problem, local_cluster, require
 

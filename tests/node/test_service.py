@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from gmountpy.node.export import Attr
 from gmountpy.node.peers import PeerPool
 from gmountpy.node.service import MAX_IO
+from gmountpy.protocol.attr import Attr
 
 from .._trio import trio_test
 from .harness import SECRET, open_cluster

@@ -6,7 +6,7 @@ import hashlib
 import os
 import time
 
-from gmountpy.client import call, run_sync
+from gmountpy.protocol.client import call, run_sync
 
 from ..conftest import LocalCluster, wait_for
 

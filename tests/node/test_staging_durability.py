@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from gmountpy.client import call, run_sync
 from gmountpy.node.daemon import default_log_path, replica_table_path
 from gmountpy.node.replicas import STAGED_XATTR, Replica, ReplicaTable, is_marked_copy
 from gmountpy.node.service import NodeService
 from gmountpy.node.staging import stage_file
+from gmountpy.protocol.client import call, run_sync
 
 from .._trio import trio_test
 from ..conftest import fuse_problem, local_cluster, require

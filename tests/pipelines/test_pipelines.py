@@ -62,7 +62,7 @@ def engine_problem(engine: str) -> str | None:
 @pytest.fixture(scope="module")
 def cluster4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """4 nodes, 2 sites, default TTLs: make stats a target just before a job on another node creates it,
-    and a later job on make's node must see it (hand-off rule 1 of DESIGN.md) -- mMakeHdr then mProjectPP."""
+    and a later job on make's node must see it (hand-off rule 1 of docs/design.md) -- mMakeHdr then mProjectPP."""
     require("FUSE", fuse_problem())
     base = tmp_path_factory.mktemp("pipelines")
     with local_cluster(base, f"pl-{os.getpid()}", FOUR_NODES, FOUR_NODE_LINKS) as cluster:

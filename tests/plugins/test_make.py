@@ -23,7 +23,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gmountpy import Cluster, mounts
+from gmountpy import Cluster
+from gmountpy.cluster import mounts
 from gmountpy_make import MAKEFILE
 from gmountpy_make.shell import json_line, json_string, strip_oneshell_prefixes
 
@@ -367,7 +368,7 @@ def test_gmount_sh_imports_only_cheap_modules(tmp_path: Path) -> None:
         return set(out.split())
 
     baseline = loaded("pass")
-    added = loaded("import gmountpy_make.shell, gmountpy.placement, gmountpy.mounts") - baseline
+    added = loaded("import gmountpy_make.shell, gmountpy.jobs.placement, gmountpy.cluster.mounts") - baseline
     heavy = {"json", "re", "dataclasses", "typing", "inspect", "threading", "subprocess", "collections", "enum"}
     assert not added & heavy, sorted(added & heavy)
 
@@ -434,7 +435,7 @@ def test_make_wheel_ships_the_plugin_and_gmount_sh_runs_from_it(cluster: LocalCl
     wheel = next((tmp_path / "dist").glob("gmountpy-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     for member in ("gmountpy_make/gmount.mk", "gmountpy_make/shell.py", "gmountpy_make/cli.py",
-                   "gmountpy/mounts.py", "gmountpy/placement.py"):
+                   "gmountpy/cluster/mounts.py", "gmountpy/jobs/placement.py"):
         assert member in names, member
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "gmount-sh = gmountpy_make.shell:main" in entry_points

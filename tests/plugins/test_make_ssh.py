@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 
 from gmountpy import launch
-from gmountpy.config import load_spec
+from gmountpy.cluster.config import load_spec
 
 from ..conftest import as_terminal_job, require, wait_for
 from ..launch.conftest import Sshd, marked_pids, sshd  # noqa: F401  (the session fixture)

@@ -32,7 +32,7 @@ PARALLEL_READS = 8
 
 
 def state_dir() -> str:
-    """Where the launcher keeps running clusters (the same place as `gmountpy.state.state_dir`)."""
+    """Where the launcher keeps running clusters (the same place as `gmountpy.cluster.state.state_dir`)."""
     base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
     return os.path.join(base, "gmountpy", "clusters")
 
@@ -144,7 +144,7 @@ class MountedCluster:
         return posixpath.join(self.nodes[node].mountpoint, ns_path.lstrip("/"))
 
     def holdings(self, paths: list[str], cwd: str | None = None) -> dict[str, dict[str, int]]:
-        """holdings[namespace path][node] = bytes, for `gmountpy.placement.choose_node`.
+        """holdings[namespace path][node] = bytes, for `gmountpy.jobs.placement.choose_node`.
 
         Paths are relative to `cwd` (default: the current directory); paths
         outside this cluster's mounts are not in the namespace and are left

@@ -14,15 +14,15 @@ import stat
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from . import state as state_store
-from ._trio import open_nursery
-from .client import ask as ask_node
-from .client import run_sync
-from .config import ClusterSpec, NodeSpec
-from .errors import GmountError
-from .messages import Lookup
-from .state import ClusterState
-from .tls import RENEW_WITHIN, expires, expiring
+from .._trio import open_nursery
+from ..cluster import state as state_store
+from ..cluster.config import ClusterSpec, NodeSpec
+from ..cluster.state import ClusterState
+from ..errors import GmountError
+from ..protocol.client import ask as ask_node
+from ..protocol.client import run_sync
+from ..protocol.messages import Lookup
+from ..protocol.tls import RENEW_WITHIN, expires, expiring
 
 OK, INFO, WARN = "ok", "info", "warn"
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from .._results import Node
-from ..config import ClusterSpec
+from ..cluster.config import ClusterSpec
+from ..cluster.overlay import Overlay
+from ..cluster.state import ClusterState
 from ..errors import GmountError
-from ..overlay import Overlay
-from ..state import ClusterState
+from .results import Node
 
 
 class ClusterView:

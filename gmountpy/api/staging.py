@@ -7,13 +7,13 @@ from collections.abc import Iterable
 
 import trio
 
-from .. import messages as msg
-from .._results import Node, StagedFile, StageError, StageFailure, StageReport
 from .._trio import open_nursery
-from ..client import ClusterClient
 from ..errors import GmountError, PeerUnavailable
+from ..protocol import messages as msg
+from ..protocol.client import ClusterClient
 from .paths import PathLike, Paths, as_list
 from .requests import Requests
+from .results import Node, StagedFile, StageError, StageFailure, StageReport
 from .view import ClusterView
 
 #: Staging shows a progress bar on its own from this many bytes on.

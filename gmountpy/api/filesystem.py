@@ -45,8 +45,8 @@ from typing import Any
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 from fsspec.utils import stringify_path
 
-from .api import Cluster, Entry, FileLocations
-from .errors import GmountError
+from ..errors import GmountError
+from .cluster import Cluster, Entry, FileLocations
 
 __all__ = ["GmountFile", "GmountFileSystem"]
 

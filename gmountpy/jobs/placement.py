@@ -4,7 +4,7 @@ No I/O here: the caller gathers who holds which input (`where`), the slots
 and the jobs running, and the RTT estimates; this module only decides. That
 keeps the rule testable on synthetic holdings (tests/test_placement.py).
 
-The rule (DESIGN.md, "Placement rule"), made precise:
+The rule (docs/design.md, "Placement"), made precise:
 
 1. A node's *score* is the number of input bytes it holds (a replica counts
    for the node it is on: that node reads it locally).

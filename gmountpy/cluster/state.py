@@ -19,9 +19,9 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..errors import GmountError
 from . import mounts
 from .config import ClusterSpec, load_spec
-from .errors import GmountError
 
 
 def state_dir() -> str:

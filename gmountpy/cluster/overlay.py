@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import networkx as nx
 
-from gmountpy.config import ClusterSpec
+from gmountpy.cluster.config import ClusterSpec
 
 
 class Overlay:

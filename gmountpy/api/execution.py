@@ -13,12 +13,12 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .._results import CommandTimeout, Node, RunResult
 from .._sync import blocking
 from ..errors import GmountError
-from ..spawn import Spawned
+from ..jobs.spawn import Spawned
 from .paths import PathLike, Paths
 from .placing import Job, Placer
+from .results import CommandTimeout, Node, RunResult
 from .view import ClusterView
 
 
@@ -51,7 +51,7 @@ class Execution:
 
     def spawn(self, command: str, *, on: str | Node, cwd: PathLike = "/", env: Mapping[str, str] | None = None,
               stdout: Any = None, stderr: Any = None) -> Spawned:
-        from .. import spawn as spawning
+        from ..jobs import spawn as spawning
 
         if not command.strip():
             raise ValueError("`command` must not be empty")

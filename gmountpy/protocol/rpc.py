@@ -30,9 +30,9 @@ from typing import Any
 
 import trio
 
+from .._trio import open_nursery
+from ..errors import AuthenticationFailed, PeerUnavailable
 from . import wire
-from ._trio import open_nursery
-from .errors import AuthenticationFailed, PeerUnavailable
 
 log = logging.getLogger(__name__)
 

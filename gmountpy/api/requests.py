@@ -12,14 +12,14 @@ from typing import Any, TypeVar
 
 import trio
 
-from .. import messages as msg
-from .. import state as state_store
-from .._results import Entry, FileLocations, Holder, Listing
 from .._sync import blocking
 from .._trio import open_nursery
-from ..client import ClusterClient, open_client
+from ..cluster import state as state_store
+from ..cluster.state import load_secret
 from ..errors import GmountError
-from ..state import load_secret
+from ..protocol import messages as msg
+from ..protocol.client import ClusterClient, open_client
+from .results import Entry, FileLocations, Holder, Listing
 from .view import ClusterView
 
 T = TypeVar("T")

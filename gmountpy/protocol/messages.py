@@ -2,7 +2,7 @@
 
 A request here is a frozen dataclass whose fields are the operation's
 arguments in wire order; its `decode` checks a reply and gives it a type.
-Callers use `ask` of gmountpy.client.ClusterClient (a daemon's PeerPool is one):
+Callers use `ask` of gmountpy.protocol.client.ClusterClient (a daemon's PeerPool is one):
 
     reply = await peers.ask(node, Open(path, os.O_RDONLY))
     reply.handle, reply.attr
@@ -25,7 +25,7 @@ import errno
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, TypedDict, TypeVar, cast
 
-from .node.export import Attr
+from .attr import Attr
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance

@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterable
 from typing import Union
 
-from .._results import Node, _normalize
+from .results import Node, _normalize
 from .view import ClusterView
 
 PathLike = Union[str, "os.PathLike[str]"]

@@ -13,13 +13,13 @@ from typing import IO, TypeVar
 
 import trio
 
-from .. import messages as msg
-from .._results import FileLocations, Listing, Locations, Node
 from .._trio import open_nursery
-from ..client import ClusterClient
 from ..errors import GmountError
+from ..protocol import messages as msg
+from ..protocol.client import ClusterClient
 from .paths import PathLike, Paths, as_list
 from .requests import LOOKUPS_IN_FLIGHT, READ_PIECE, READS_IN_FLIGHT, Requests, readable_holder
+from .results import FileLocations, Listing, Locations, Node
 from .view import ClusterView
 
 _T = TypeVar("_T")

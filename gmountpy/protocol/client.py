@@ -22,11 +22,11 @@ from typing import Any, TypeVar
 
 import trio
 
+from .._trio import open_nursery
+from ..cluster.state import ClusterState, load_secret, load_tls
+from ..errors import NodeUnavailable, PeerUnavailable
 from . import rpc
-from ._trio import open_nursery
-from .errors import NodeUnavailable, PeerUnavailable
 from .messages import Ping, PingReply, R, Request
-from .state import ClusterState, load_secret, load_tls
 from .tls import client_context
 
 __all__ = ["ClusterClient", "ask", "call", "client_ssl", "open_client", "ping_all", "run_sync"]
@@ -109,7 +109,7 @@ class ClusterClient:
             raise self._translate(node, exc) from None
 
     async def ask(self, node: str, request: Request[R], *, timeout: float | None = None) -> R:
-        """`call` with a typed request (gmountpy.messages): the reply comes back checked and typed."""
+        """`call` with a typed request (gmountpy.protocol.messages): the reply comes back checked and typed."""
         return request.decode(await self.call(node, request.op, *request.args(), timeout=timeout))
 
     async def connection(self, node: str) -> rpc.RpcClient:
@@ -215,7 +215,7 @@ async def call(state: ClusterState, node: str, op: str, *args: Any, timeout: flo
 
 async def ask(state: ClusterState, node: str, request: Request[R], *, timeout: float = 10.0,
               secret: bytes | None = None) -> R:
-    """`call` with a typed request (gmountpy.messages): the reply comes back checked and typed."""
+    """`call` with a typed request (gmountpy.protocol.messages): the reply comes back checked and typed."""
     return request.decode(await call(state, node, request.op, *request.args(), timeout=timeout, secret=secret))
 
 

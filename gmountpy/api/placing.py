@@ -1,4 +1,4 @@
-"""Placement: the node for a job, by Pwrake's rule (gmountpy.placement) over the holders of its
+"""Placement: the node for a job, by Pwrake's rule (gmountpy.jobs.placement) over the holders of its
 inputs, counting the jobs this process runs."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-from .._results import FileLocations, Placement, PlacementRow
-from ..client import ClusterClient
-from ..placement import choose_node
+from ..jobs.placement import choose_node
+from ..protocol.client import ClusterClient
 from .paths import PathLike, Paths, as_list
 from .requests import Requests
+from .results import FileLocations, Placement, PlacementRow
 from .view import ClusterView
 
 # Jobs started through `Cluster.run` in this process and still running, per

@@ -24,7 +24,7 @@ for notebooks.
 
 `Cluster` is a facade: path resolution, the requests to the daemons, file
 operations, staging, placement and execution are collaborators in
-`gmountpy._cluster` behind its methods.
+`gmountpy.api` behind its methods.
 """
 
 from __future__ import annotations
@@ -38,16 +38,20 @@ from typing import IO, TYPE_CHECKING, Any
 import networkx as nx
 import trio
 
-from . import state as state_store
-from ._cluster.execution import Execution
-from ._cluster.files import Files
-from ._cluster.paths import PathLike as PathLike  # re-exported: the path type of every method
-from ._cluster.paths import Paths
-from ._cluster.placing import Placer, running_jobs
-from ._cluster.requests import Requests
-from ._cluster.staging import Staging
-from ._cluster.view import ClusterView
-from ._results import (
+from .._sync import blocking
+from ..cluster import state as state_store
+from ..cluster.config import ClusterSpec, load_spec
+from ..cluster.overlay import Overlay
+from ..cluster.state import ClusterState
+from ..errors import GmountError
+from ..jobs.spawn import Spawned
+from .execution import Execution
+from .files import Files
+from .paths import PathLike as PathLike  # re-exported: the path type of every method
+from .paths import Paths
+from .placing import Placer, running_jobs
+from .requests import Requests
+from .results import (
     ClusterStatus,
     CommandTimeout,
     Entry,
@@ -65,15 +69,11 @@ from ._results import (
     StageFailure,
     StageReport,
 )
-from ._sync import blocking
-from .config import ClusterSpec, load_spec
-from .errors import GmountError
-from .overlay import Overlay
-from .spawn import Spawned
-from .state import ClusterState
+from .staging import Staging
+from .view import ClusterView
 
 if TYPE_CHECKING:
-    from .fsspec import GmountFileSystem
+    from .filesystem import GmountFileSystem
 
 __all__ = [
     "Cluster", "ClusterStatus", "CommandTimeout", "Entry", "FileLocations", "Holder", "Listing", "Locations",
@@ -123,7 +123,7 @@ class Cluster:
     def open(cls, source: PathLike | None = None) -> Cluster:
         """Attach to a running cluster, named by its name, its cluster file, any path inside a mount, or a
         `gmount://NAME/...` URL; None: the cluster whose mount holds the working directory, else the only
-        running one (see gmountpy.state.resolve)."""
+        running one (see gmountpy.cluster.state.resolve)."""
         found = state_store.resolve(source, paths=[os.getcwd()])
         return cls(found.state, home=found.node)
 
@@ -134,12 +134,12 @@ class Cluster:
         existing = state_store.load(spec.name)
         if existing is not None and _all_alive(existing):
             return cls(existing)
-        from . import launch  # the launcher (and asyncssh) only when something is started
+        from .. import launch  # the launcher (and asyncssh) only when something is started
         return cls(blocking(launch.up, spec, progress=progress))
 
     def down(self) -> None:
         """Stop every daemon and unmount; every file stays in the export it was written to."""
-        from . import launch
+        from .. import launch
         problems = blocking(launch.down, self.name)
         if problems:
             raise GmountError("; ".join(f"{node}: {what}" for node, what in problems.items()))
@@ -174,7 +174,7 @@ class Cluster:
     @property
     def fs(self) -> GmountFileSystem:
         """An fsspec file system on this cluster (needs the `fsspec` extra)."""
-        from .fsspec import GmountFileSystem
+        from .filesystem import GmountFileSystem
         return GmountFileSystem(cluster=self.name, node=self.home)
 
     def __repr__(self) -> str:
@@ -188,7 +188,7 @@ class Cluster:
 
     def status(self) -> ClusterStatus:
         """Each node: up (daemon answers and is mounted) or down, and why."""
-        from . import launch
+        from .. import launch
         return ClusterStatus(self.name, tuple(blocking(launch.status, self.name)))
 
     def counters(self) -> dict[str, dict[str, int]]:
@@ -254,7 +254,7 @@ class Cluster:
     # -- place and run -------------------------------------------------------------
 
     def place(self, inputs: PathLike | Iterable[PathLike]) -> Placement:
-        """The node to run a job reading `inputs` on (Pwrake's rule, see gmountpy.placement).
+        """The node to run a job reading `inputs` on (Pwrake's rule, see gmountpy.jobs.placement).
 
         Slots in use are the jobs this process started with `run` that are
         still running; jobs started elsewhere are not counted.
@@ -277,7 +277,7 @@ class Cluster:
 
     def spawn(self, command: str, *, on: str | Node, cwd: PathLike = "/", env: Mapping[str, str] | None = None,
               stdout: Any = None, stderr: Any = None) -> Spawned:
-        """Start a shell command on node `on`, in its mount, and return at once (see gmountpy.spawn).
+        """Start a shell command on node `on`, in its mount, and return at once (see gmountpy.jobs.spawn).
 
         For executors running many jobs: poll the result, `stop()` it (its
         whole process group, also over SSH). The command sees `env` on top
@@ -343,9 +343,9 @@ class Cluster:
 
 def _all_alive(state: ClusterState) -> bool:
     """Every daemon of a recorded cluster still runs (by pid locally, by ping over SSH)."""
-    from .launch.orchestrate import pid_is_daemon
+    from ..launch.orchestrate import pid_is_daemon
     if all(r.ssh is None for r in state.nodes.values()):
         return all(pid_is_daemon(r.pid) for r in state.nodes.values())
-    from .client import ping_all
+    from ..protocol.client import ping_all
     answers = blocking(trio.run, ping_all, state)
     return all(isinstance(a, dict) and a.get("pid") == state.nodes[n].pid for n, a in answers.items())

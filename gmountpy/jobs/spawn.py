@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from .config import NodeSpec, SshOptions
+from ..cluster.config import NodeSpec, SshOptions
 
 __all__ = ["Spawned", "local_argv", "ssh_argv"]
 

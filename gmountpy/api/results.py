@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from .errors import GmountError
+from ..errors import GmountError
 
 if TYPE_CHECKING:
-    from .launch import NodeStatus
+    from ..launch import NodeStatus
 
 
 def _normalize(path: str) -> str:
