@@ -161,7 +161,7 @@ class Changes(Lookups):
         if path not in self._claimed:
             return
         self._claimed.discard(path)
-        cached = self._homes.pop(path, None)
+        cached = self._homes.pop(path)
         directory, name = split_parent(path)
         try:
             await self._dir_call(directory, msg.IndexDrop(directory, name, [self._peers.me]))
@@ -170,7 +170,7 @@ class Changes(Lookups):
             self._owe_home_of(directory)
         if path in self._seeded:  # the mkdir failed here: its seeded index goes (a later one starts anew)
             self._seeded.discard(path)
-            own_home = cached[0] if cached is not None else self.homes.central
+            own_home = cached if cached is not None else self.homes.central
             if own_home is not None:
                 await self._forget_index_at(own_home, path)
 
@@ -202,16 +202,16 @@ class Changes(Lookups):
         """A mkdir here: tell the new directory's home (at this site) that it starts empty, so
         the first lookup or create in it does not make the home list every node -- unless the
         claim's server did (`told_home`: the home is that node or its backup)."""
-        cached = self._homes.get(directory)
-        if cached is None:
+        home = self._homes.peek(directory)
+        if home is None:
             return
         try:
             # this export's copy is watched like a listed one (files copied into it reach the home)
-            await self._peers.ask(self._peers.me, msg.IndexListdir(directory, cached[0]))
+            await self._peers.ask(self._peers.me, msg.IndexListdir(directory, home))
             if not told_home:
-                await self._home_call(cached[0], msg.IndexSeed(directory, self._peers.me))
+                await self._home_call(home, msg.IndexSeed(directory, self._peers.me))
         except OSError as exc:
-            log.info("could not tell %s that the new directory %s is empty: %s", cached[0], directory, exc)
+            log.info("could not tell %s that the new directory %s is empty: %s", home, directory, exc)
 
     async def change(self, node: str, path: str, request: Request[R]) -> R:
         """`request` (chmod, utimens, truncate, unlink, a file's rename: `_RECORDED_OPS`) on `node`,
@@ -295,8 +295,7 @@ class Changes(Lookups):
         """The home of `directory` as known here without a message (None: not known now)."""
         if directory == "/" or self.homes.central is not None:
             return self.homes.home(directory)
-        cached = self._homes.get(directory)
-        return cached[0] if cached is not None and cached[1] > trio.current_time() else None
+        return self._homes.get(directory, trio.current_time())
 
     def _distance(self, a: str, b: str) -> float:
         """How far a round trip from `a` to `b` goes: none to itself, then within a site, then to
@@ -345,8 +344,7 @@ class Changes(Lookups):
         directory, name = split_parent(path)
         own_home: str | None = None
         if is_dir:  # its own index goes too: a directory made again under this name starts empty
-            cached = self._homes.get(path)
-            own_home = cached[0] if cached is not None else None
+            own_home = self._homes.peek(path)
             if own_home is None and self.homes.central is not None:
                 own_home = self.homes.home(path)
             self._forget_homes([path])

@@ -40,6 +40,7 @@ from ...errors import PeerUnavailable
 from ...protocol import messages as msg
 from ...protocol.attr import Attr
 from ...protocol.messages import DirEntry
+from ..leases import WHOLE
 from .entries import BuiltDirectory, Change, Entries, Holder, apply_change, same_but_atime
 from .partitions import Misdirected
 from .paths import join
@@ -172,7 +173,7 @@ class DirectoryIndex(SubdirectoryHomes):
                 entries = {name: holders for name, holders in entries.items() if self._mine(directory, name)}
             built = BuiltDirectory(entries, started, tuple(sorted(missing)), bool(listings), set(listings))
             await self._settle_homes(directory, entries)
-            for name in [name for name in self._negatives.get(directory, {}) if entries.get(name)]:
+            for name in [name for name in self._negatives.names(directory) if entries.get(name)]:
                 # told "not found" before this listing (by an index since forgotten): no more
                 await self._revoke(directory, name, any(h.is_dir for h in entries[name].values()), but=None)
             if directory in self._outdated:
@@ -238,8 +239,7 @@ class DirectoryIndex(SubdirectoryHomes):
             holders = await self._verify_absent(directory, name, None if asker is None else str(asker))
         lease = 0.0
         if not holders and complete and not pending and asker is not None and self.lease > 0 and not backing:
-            names = self._negatives.setdefault(directory, {})
-            names.setdefault(name, {})[str(asker)] = trio.current_time() + self.lease
+            self._negatives.grant(directory, name, str(asker), trio.current_time() + self.lease)
             self._leased += 1
             lease = self.lease
         home, home_lease = None, 0.0
@@ -290,7 +290,7 @@ class DirectoryIndex(SubdirectoryHomes):
             raise OSError(errno.EFBIG, f"{directory} has {len(rows)} entries: list it from every node in pages")
         lease = 0.0
         if complete and asker is not None and self.listing_lease > 0 and not backing:
-            self._listing_leases.setdefault(directory, {})[str(asker)] = trio.current_time() + self.listing_lease
+            self._listing_leases.grant(directory, WHOLE, str(asker), trio.current_time() + self.listing_lease)
             lease = self.listing_lease
         return {"entries": rows, "complete": complete, "exists": current.exists or bool(rows), "lease": lease,
                 "home_lease": self.home_lease if asker is not None else 0.0, "parts": self._bitmap(directory)}
@@ -567,11 +567,11 @@ class DirectoryIndex(SubdirectoryHomes):
             if gone and (name in self._child_homes.get(directory, {}) or index_home is not None):
                 unreached += await self._drop_home(directory, name, forgotten_by=forgotten_by, index_home=index_home,
                                                    kept=kept)
-        leases = self._listing_leases.pop(directory, None)
+        leases = self._listing_leases.revoke(directory, WHOLE)
         if leases:
             kept_lease = leases.get(but) if but is not None else None
-            if kept_lease is not None and kept_lease > trio.current_time():
+            if but is not None and kept_lease is not None and kept_lease > trio.current_time():
                 # the node that made the change applies it to its listing itself (IndexLocator.change)
-                self._listing_leases.setdefault(directory, {})[str(but)] = kept_lease
+                self._listing_leases.grant(directory, WHOLE, str(but), kept_lease)
             await self._tell(leases, msg.IndexUnlist(directory), but=but)
         return unreached

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 from collections.abc import Sequence
 
 import trio
@@ -20,10 +21,10 @@ from ..._trio import open_nursery
 from ...errors import PeerUnavailable
 from ...protocol import messages as msg
 from ...protocol.messages import IndexHolder, IndexListReply, IndexLookupReply
-from ..locator import AbsentForNow, Location, drop_expired
-from .listings import LIST_AHEAD_AFTER, LIST_AHEAD_KEPT, LIST_AHEAD_MAX, LIST_AHEAD_QUIET, LISTINGS_KEPT, Listing
+from ..locator import AbsentForNow, Flight, Location, drop_absent
+from .listings import LIST_AHEAD_AFTER, LIST_AHEAD_MAX, LIST_AHEAD_QUIET, LISTINGS_KEPT, Listing
 from .paths import join, split_parent
-from .routing import MAX_HOPS, Flight, HomeRouting
+from .routing import MAX_HOPS, HomeRouting
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +54,11 @@ class Lookups(HomeRouting):
             return local
         now = trio.current_time()
         if not fresh:
-            cached = self._positive.get(path)
-            if cached is not None and cached[1] > now:
+            cached = self._positive.get(path, now)
+            if cached is not None:
                 self._hits += 1
-                return cached[0]
-            until = self._negative.get(path)
+                return cached
+            until = self._negative.until(path)
             if until is not None and until - now >= self.negative_ttl + 1.5:
                 self._negative_hits += 1
                 return None
@@ -66,18 +67,12 @@ class Lookups(HomeRouting):
                 self._hits += 1
                 self._flood.learn(path, listed)  # its last holder: a claim while every home is cut off asks it
                 return listed
-        while (flight := self._inflight.get(path)) is not None:
-            await flight.done.wait()
-            if flight.finished and not fresh:
-                return flight.result
+        shared = await self._flights.wait(path, share=not fresh)
+        if shared is not None:
+            return shared.result
         self._misses += 1
-        flight = self._inflight[path] = Flight()
-        try:
+        with self._flights.fly(path) as flight:
             flight.result = await self._ask_home(path, flight)
-            flight.finished = True
-        finally:
-            del self._inflight[path]
-            flight.done.set()
         if flight.result is not None:
             self.learn(path, flight.result)
         return flight.result
@@ -169,14 +164,11 @@ class Lookups(HomeRouting):
         """Count names found in `directory` through its home (a miss does not count; a directory
         too big or split to list ends the streak)."""
         if not listable:
-            self._streaks.pop(directory, None)
+            self._streaks.pop(directory)
             return
         if not found:
             return
-        self._streaks[directory] = self._streaks.get(directory, 0) + 1
-        self._streaks.move_to_end(directory)
-        if len(self._streaks) > LIST_AHEAD_KEPT:
-            self._streaks.popitem(last=False)
+        self._streaks.put(directory, (self._streaks.peek(directory) or 0) + 1, math.inf, trio.current_time())
 
     def _listed(self, path: str, now: float) -> Location | None:
         """The nearest holder of `path` by a listing of its directory still under lease, if it lists
@@ -200,12 +192,12 @@ class Lookups(HomeRouting):
     def _worth_listing(self, directory: str) -> bool:
         """Ask for the whole listing with this lookup (see LIST_AHEAD_AFTER)? Not while one is kept
         (a miss there asks the home, which need not send the listing again)."""
-        if self._streaks.get(directory, 0) < LIST_AHEAD_AFTER:
+        if (self._streaks.peek(directory) or 0) < LIST_AHEAD_AFTER:
             return False
         kept = self._listings.get(directory)
         if kept is not None and kept.until > trio.current_time():
             return False
-        dropped = self._unlisted.get(directory)
+        dropped = self._unlisted.peek(directory)
         return dropped is None or trio.current_time() - dropped >= LIST_AHEAD_QUIET
 
     async def _fall_back(self, path: str, why: str) -> Location | None:
@@ -243,7 +235,7 @@ class Lookups(HomeRouting):
         looked at too: a file written straight into it is a holder before a scan tells the home."""
         local = await self._local(path)
         now = trio.current_time()
-        until = self._negative.get(path)
+        until = self._negative.until(path)
         if local is None and until is not None and until > now:
             self._negative_hits += 1
             return []
@@ -378,66 +370,57 @@ class Lookups(HomeRouting):
 
     def learn(self, path: str, location: Location) -> None:
         self._flood.learn(path, location)  # its last holder: if that node dies, the search says EIO
-        self._negative.pop(path, None)
+        self._negative.pop(path)
         now = trio.current_time()
-        self._positive[path] = (location, now + self.ttl)
-        self._positive.move_to_end(path)
-        drop_expired(self._positive, lambda cached: cached[1], now)
-        if len(self._positive) > self._max:
-            self._positive.popitem(last=False)
+        self._positive.put(path, location, now + self.ttl, now)
 
     def note_created(self, path: str, location: Location) -> None:
         self._just_created[path] = location
         if len(self._just_created) > 1024:  # a create that never announced (failed after): bounded
             self._just_created.pop(next(iter(self._just_created)))
         self.learn(path, location)
-        self._positive.pop(split_parent(path)[0], None)
+        self._positive.pop(split_parent(path)[0])
         self._drop_listing(split_parent(path)[0])
 
     def note_removed(self, path: str) -> None:
         """After an unlink or rmdir here (the listing of its directory: see `change`, `announce_removed`)."""
-        self._positive.pop(path, None)
-        self._positive.pop(split_parent(path)[0], None)
+        self._positive.pop(path)
+        self._positive.pop(split_parent(path)[0])
         self._mark_stale(path)
 
     def note_renamed(self, src: str, dst: str, is_dir: bool) -> None:
         """After a rename here (the listings of its directories: see `change`, `announce_renamed`)."""
         self._forget_cached([src, dst], subtree=is_dir, listings=False)
         for path in (src, dst):
-            self._positive.pop(split_parent(path)[0], None)
+            self._positive.pop(split_parent(path)[0])
         if is_dir:
             self._forget_homes([src, dst])
 
     def _forget_cached(self, paths: list[str], subtree: bool = False, listings: bool = True) -> None:
-        for cache in (self._positive, self._negative):
-            for path in paths:
-                cache.pop(path, None)
-                if subtree:
-                    for key in [k for k in cache if k.startswith(path + "/")]:
-                        del cache[key]
+        for path in paths:
+            self._positive.pop(path)
+            self._negative.pop(path)
+        if subtree:
+            below = tuple(path + "/" for path in paths)
+            self._positive.discard_where(lambda key: key.startswith(below))
+            self._negative.discard_where(lambda key: key.startswith(below))
         for path in paths:
             if listings:
                 self._drop_listing(split_parent(path)[0])
             self._mark_stale(path)
 
     def invalidate(self, path: str) -> None:
-        self._positive.pop(path, None)
-        self._negative.pop(path, None)
+        self._positive.pop(path)
+        self._negative.pop(path)
         self._drop_listing(split_parent(path)[0])
         self._mark_stale(path)
         self._flood.invalidate(path)
 
     def forget_absent(self, path: str, is_dir: bool = False) -> None:
         """A home (or a node without one) says `path` exists now: drop "not found" for it and its parents."""
-        self._positive.pop(path, None)
+        self._positive.pop(path)
         self._drop_listing(split_parent(path)[0])
-        if is_dir:
-            for key in [k for k in self._negative if k.startswith(path + "/")]:
-                del self._negative[key]
-        while path not in ("/", ""):
-            self._negative.pop(path, None)
-            self._mark_stale(path)
-            path = split_parent(path)[0]
+        drop_absent(self._negative, self._flights, path, is_dir)
 
     def forget_all(self) -> None:
         """A node (re)started: every cache goes, homes included (a restarted home re-reads its
@@ -453,8 +436,4 @@ class Lookups(HomeRouting):
         self._flood.forget_all()
 
     def _remember_negative(self, path: str, until: float) -> None:
-        self._negative[path] = until
-        self._negative.move_to_end(path)
-        drop_expired(self._negative, lambda until: until, trio.current_time())
-        if len(self._negative) > self._max:
-            self._negative.popitem(last=False)
+        self._negative.put(path, None, until, trio.current_time())

@@ -22,6 +22,7 @@ import trio
 from ..._trio import open_nursery
 from ...protocol import messages as msg
 from ...protocol.attr import Attr
+from ..leases import WHOLE
 from .entries import BuiltDirectory, Change, Entries, Holder, Parts, apply_change
 from .homes import MAX_PARTITIONS, name_hash, partition_depth, partition_of
 from .paths import join, under_any
@@ -123,9 +124,9 @@ class Partitioned(IndexStore):
         self._dirs.pop(directory, None)
         if directory in self._building:
             self._outdated.add(directory)
-        for name in [name for name in self._negatives.get(directory, {}) if not self._mine(directory, name)]:
+        for name in [name for name in self._negatives.names(directory) if not self._mine(directory, name)]:
             await self._revoke(directory, name, False, but=None)
-        leases = self._listing_leases.pop(directory, None)
+        leases = self._listing_leases.revoke(directory, WHOLE)
         if leases:
             await self._tell(leases, msg.IndexUnlist(directory), but=None)
 
@@ -171,12 +172,11 @@ class Partitioned(IndexStore):
                  if partition_of(name_hash(name), parts.bitmap) == new}
         for name in moved:
             del built.entries[name]
-        negatives = self._negatives.get(directory, {})
-        leased = {name: negatives.pop(name) for name in [n for n in negatives if not self._mine(directory, n)]}
-        if directory in self._negatives and not negatives:
-            del self._negatives[directory]
+        leased = {name: self._negatives.revoke(directory, name) for name in self._negatives.names(directory)
+                  if not self._mine(directory, name)}
         records = self._child_homes.get(directory, {})
-        home_leases = self._home_leases.get(directory, {})
+        home_leases = {name: self._home_leases.holders(directory, name) for name in moved}
+        listing_leases = self._listing_leases.holders(directory, WHOLE)
         payload: msg.SplitPayload = {
             "home": parts.home, "bitmap": sorted(parts.bitmap), "partition": new,
             "entries": [[name, node, holder.is_dir, holder.attr, holder.replica_of,
@@ -185,11 +185,10 @@ class Partitioned(IndexStore):
             "missing": list(built.missing), "exists": built.exists, "holders": sorted(built.holders),
             "negatives": {name: {node: until - now for node, until in askers.items() if until > now}
                           for name, askers in leased.items()},
-            "listing_leases": {node: until - now for node, until in self._listing_leases.get(directory, {}).items()
-                               if until > now},
+            "listing_leases": {node: until - now for node, until in listing_leases.items() if until > now},
             "child_homes": {name: records[name] for name in moved if name in records},
             "home_leases": {name: {node: until - now for node, until in home_leases[name].items() if until > now}
-                            for name in moved if name in home_leases},
+                            for name in moved if home_leases[name]},
         }
         try:
             await self._peers.ask(target, msg.IndexSplit(directory, payload), timeout=self.ask_timeout)
@@ -237,22 +236,18 @@ class Partitioned(IndexStore):
                 self._dirs[directory] = BuiltDirectory(entries, now, tuple(payload["missing"]), bool(payload["exists"]),
                                                    {str(node) for node in payload["holders"]})
             # else: other partitions here are not built: the next request lists them all
-        negatives = self._negatives.setdefault(directory, {})
         for name, askers in payload["negatives"].items():
             for node, left in askers.items():
-                negatives.setdefault(str(name), {})[str(node)] = now + float(left)
-        if not negatives:
-            del self._negatives[directory]
-        if payload["listing_leases"]:
-            listing = self._listing_leases.setdefault(directory, {})
-            for node, left in payload["listing_leases"].items():
-                listing[str(node)] = max(listing.get(str(node), 0.0), now + float(left))
+                self._negatives.grant(directory, str(name), str(node), now + float(left))
+        listing = self._listing_leases.holders(directory, WHOLE)
+        for node, left in payload["listing_leases"].items():
+            self._listing_leases.grant(directory, WHOLE, str(node), max(listing.get(str(node), 0.0), now + float(left)))
         if payload["child_homes"]:
             self._child_homes.setdefault(directory, {}).update(
                 {str(name): str(home) for name, home in payload["child_homes"].items()})
         for name, askers in payload["home_leases"].items():
-            leases = self._home_leases.setdefault(directory, {}).setdefault(str(name), {})
-            leases.update({str(node): now + float(left) for node, left in askers.items()})
+            for node, left in askers.items():
+                self._home_leases.grant(directory, str(name), str(node), now + float(left))
 
     async def _pass_on(self, directory: str, parts: Parts, change: msg.IndexSync | msg.IndexForget,
                        covered: list[int] | None) -> None:

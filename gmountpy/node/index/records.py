@@ -95,8 +95,7 @@ class SubdirectoryHomes(Partitioned):
     def _lease_home(self, directory: str, name: str, asker: str | None) -> float:
         if asker is None or self.home_lease <= 0:
             return 0.0
-        self._home_leases.setdefault(directory, {}).setdefault(name, {})[str(asker)] = \
-            trio.current_time() + self.home_lease
+        self._home_leases.grant(directory, name, str(asker), trio.current_time() + self.home_lease)
         return self.home_lease
 
     async def _drop_home(self, directory: str, name: str, *, forgotten_by: str | None = None,
@@ -120,11 +119,8 @@ class SubdirectoryHomes(Partitioned):
             backup: str | None = forgotten_by
         else:
             backup = await self._copy_records(directory, {name: None})  # the backup forgets its index too
-        names = self._home_leases.get(directory)
-        leases = names.pop(name, None) if names is not None else None
-        if names is not None and not names:
-            del self._home_leases[directory]
-        await self._tell(leases or {}, msg.IndexUnhome([join(directory, name)]), but=forgotten_by)
+        leases = self._home_leases.revoke(directory, name)
+        await self._tell(leases, msg.IndexUnhome([join(directory, name)]), but=forgotten_by)
         return await self._forget_gone(join(directory, name), homes - {backup})
 
     async def _forget_gone(self, path: str, homes: Collection[str]) -> list[str]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import errno
 import logging
-from collections import OrderedDict
+import math
 from collections.abc import Collection
 from typing import NamedTuple, Protocol
 
@@ -30,7 +30,8 @@ import trio
 from ...errors import PeerUnavailable
 from ...protocol import messages as msg
 from ...protocol.messages import IndexLookupReply, R, Request
-from ..locator import FloodLocator, FloodPeers, Location, drop_expired
+from ..leases import TtlCache
+from ..locator import Flights, FloodLocator, FloodPeers, Location
 from .directory import DirectoryIndex
 from .homes import MAX_PARTITIONS, Homes, home_lease_for, name_hash, partition_of
 from .listings import LIST_AHEAD_KEPT, Listing
@@ -46,14 +47,6 @@ MAX_HOPS = 8
 
 class LocatorPeers(Peers, FloodPeers, Protocol):
     """The index locator's peers: the index's, and the flooding search's it falls back to."""
-
-
-class Flight:
-    def __init__(self) -> None:
-        self.done = trio.Event()
-        self.result: Location | None = None
-        self.finished = False
-        self.stale = False
 
 
 class KnownHome(NamedTuple):
@@ -87,15 +80,17 @@ class HomeRouting:
         self.negative_ttl = negative_ttl
         self.home_lease = home_lease
         self._max = max_entries
-        self._positive: OrderedDict[str, tuple[Location, float]] = OrderedDict()
-        self._negative: OrderedDict[str, float] = OrderedDict()  # path -> lease expiry (conservative)
-        self._homes: OrderedDict[str, tuple[str, float]] = OrderedDict()  # directory -> (home, lease expiry)
+        self._positive: TtlCache[str, Location] = TtlCache(max_entries)
+        self._negative: TtlCache[str, None] = TtlCache(max_entries)  # until the lease's expiry (conservative)
+        # directory -> its home, until the lease's expiry; kept a lease longer than it lasts: a
+        # change its home missed is owed to the last one known
+        self._homes: TtlCache[str, str] = TtlCache(max_entries, keep_for=home_lease)
         self._listings: dict[str, Listing] = {}  # readdir's, or listed ahead
         self._own_changes: dict[str, list[int]] = {}  # directory -> [changes begun here, those under way]
-        self._streaks: OrderedDict[str, int] = OrderedDict()  # directory -> names found there through its home
-        self._unlisted: OrderedDict[str, float] = OrderedDict()  # directory -> when a listing went early
+        self._streaks: TtlCache[str, int] = TtlCache(LIST_AHEAD_KEPT)  # directory -> names found there through its home
+        self._unlisted: TtlCache[str, float] = TtlCache(LIST_AHEAD_KEPT)  # directory -> when a listing went early
         self._revoked = 0  # counts revocations of homes and listings: an answer older than one is not kept
-        self._inflight: dict[str, Flight] = {}
+        self._flights = Flights()
         self._claimed: set[str] = set()        # claimed at their home, being created here
         self._seeded: set[str] = set()         # of those, new directories the claim's server seeded
         self._unclaimed: set[str] = set()      # created while the home was unreachable: flood-announced
@@ -124,24 +119,22 @@ class HomeRouting:
 
     def _quieten(self, directory: str) -> None:
         """No listing ahead in `directory` for LIST_AHEAD_QUIET seconds."""
-        self._unlisted[directory] = trio.current_time()
-        self._unlisted.move_to_end(directory)
-        if len(self._unlisted) > LIST_AHEAD_KEPT:
-            self._unlisted.popitem(last=False)
+        now = trio.current_time()
+        self._unlisted.put(directory, now, math.inf, now)
 
     def _forget_homes(self, prefixes: list[str]) -> None:
         self._revoked += 1
         under = under_any(prefixes)
-        for cache in (self._homes, self._listings, self._negative, self._parts):
+        self._homes.discard_where(under)
+        self._negative.discard_where(under)
+        for cache in (self._listings, self._parts):
             for key in [k for k in cache if under(k)]:
                 del cache[key]
         for prefix in prefixes:
             self._mark_stale(prefix)
 
     def _mark_stale(self, path: str) -> None:
-        flight = self._inflight.get(path)
-        if flight is not None:
-            flight.stale = True
+        self._flights.mark_stale(path)
 
     # -- talking to homes --------------------------------------------------------
 
@@ -264,7 +257,7 @@ class HomeRouting:
         if directory == "/" or self.homes.central is not None:
             return KnownHome(self.homes.home(directory), float("inf"))
         now = trio.current_time()
-        cached = self._homes.get(directory)
+        cached = self._homes.entry(directory)
         if cached is not None and cached[1] > now:
             return KnownHome(*cached)
         parent, name = split_parent(directory)
@@ -286,18 +279,13 @@ class HomeRouting:
         since the answer was asked for: `revoked` as it was then)."""
         if home is None or lease <= 0 or revoked != self._revoked:
             return
-        self._homes[directory] = (home, sent + lease)
-        self._homes.move_to_end(directory)
-        # kept a lease longer than it lasts: a change its home missed is owed to the last one known
-        drop_expired(self._homes, lambda cached: cached[1] + self.home_lease, trio.current_time())
-        if len(self._homes) > self._max:
-            self._homes.popitem(last=False)
+        self._homes.put(directory, home, sent + lease, trio.current_time())
 
     def _home_expiry(self, directory: str) -> float:
         if directory == "/" or self.homes.central is not None:
             return float("inf")
-        cached = self._homes.get(directory)
-        return cached[1] if cached is not None else 0.0
+        until = self._homes.until(directory)
+        return until if until is not None else 0.0
 
     def _owe(self, home: str, directory: str) -> None:
         self._owed.setdefault(home, set()).add(directory)
@@ -314,9 +302,9 @@ class HomeRouting:
         if directory == "/" or self.homes.central is not None:
             self._owe(self.homes.home(directory), directory)
             return
-        cached = self._homes.get(directory)
-        if cached is not None:
-            self._owe(cached[0], directory)
+        home = self._homes.peek(directory)
+        if home is not None:
+            self._owe(home, directory)
 
     async def flush_owed(self) -> None:
         """Tell the homes that missed changes to list those directories again (the daemon calls

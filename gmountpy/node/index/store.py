@@ -27,6 +27,7 @@ import trio
 from ..._trio import open_nursery
 from ...protocol import messages as msg
 from ...protocol.messages import DirEntry, Request
+from ..leases import Leases
 from ..locator import ANNOUNCE_TIMEOUT
 from .entries import BuiltDirectory, Change, Parts, apply_change
 from .homes import Homes, home_lease_for
@@ -89,17 +90,17 @@ class IndexStore:
         # directory -> subdirectory name -> its home. Kept apart from the entries: a rebuild
         # must not move a directory's home (askers hold it under a lease).
         self._child_homes: dict[str, dict[str, str]] = {}
-        self._home_leases: dict[str, dict[str, dict[str, float]]] = {}  # directory -> name -> asker -> expiry
-        self._listing_leases: dict[str, dict[str, float]] = {}          # directory -> asker -> expiry
+        self._home_leases = Leases()     # who was told the home of a subdirectory
+        self._listing_leases = Leases()  # who holds a whole listing (the name `WHOLE`)
         self._backing: dict[str, str] = {}  # directory -> the home this node stands in for
         self._listings = self._taken_over = 0
         self._dirs: dict[str, BuiltDirectory] = {}
         self._building: dict[str, list[Change]] = {}  # directory -> changes that arrived meanwhile
         self._built: dict[str, trio.Event] = {}
         self._outdated: set[str] = set()  # forgotten while being built: built again when next asked
-        # directory -> name -> node -> lease expiry. Kept apart from the entries: a rebuild
-        # must not forget who holds a "not found", or a create would not revoke it.
-        self._negatives: dict[str, dict[str, dict[str, float]]] = {}
+        # who was told "not found" for a name. Kept apart from the entries: a rebuild must
+        # not forget who holds a "not found", or a create would not revoke it.
+        self._negatives = Leases()
         self._builds = self._lookups = self._leased = self._revocations = 0
         # Giga+ splitting (`split_entries` > 0: a partition holding more names splits in two)
         self.split_entries = split_entries if homes is not None and homes.central is None else 0
@@ -182,10 +183,7 @@ class IndexStore:
         """Tell every node holding an unexpired "not found" for the name that it exists now.
         `everyone`: a stand-in for a dead home, which does not know whom that home told:
         every node is told."""
-        names = self._negatives.get(directory)
-        leases = names.pop(name, None) if names is not None else None
-        if names is not None and not names:
-            del self._negatives[directory]
+        leases = self._negatives.revoke(directory, name)
         if everyone:
             leases = {node: float("inf") for node in self.order if node != self._peers.me}
         if not leases:
