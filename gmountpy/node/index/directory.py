@@ -74,6 +74,8 @@ class IndexStatistics:
     partitions: int = 0         # partitions of split directories this node serves
     partition_entries: int = 0  # names held in them
     redirects: int = 0          # requests for a name in a partition this node does not serve
+    leases: int = 0             # leases held now ("not found", subdirectory homes, listings)
+    evictions: int = 0          # directory indexes let go after `keep_idle` seconds unused
 
 
 class DirectoryIndex(SubdirectoryHomes):
@@ -104,7 +106,7 @@ class DirectoryIndex(SubdirectoryHomes):
             entries += len(built.entries) if built is not None else 0
         return IndexStatistics(len(self._dirs), self._builds, self._lookups, self._leased, self._revocations,
                                self._listings, self._taken_over, self._splits, partitions, entries,
-                               self._redirects)
+                               self._redirects, self._leases_held(), self._evictions)
 
     # -- building ------------------------------------------------------------
 
@@ -117,14 +119,19 @@ class DirectoryIndex(SubdirectoryHomes):
             else:
                 fresh = self.rescan <= 0 or now - (current.built_at if current else now) < self.rescan
             if current is not None and self._complete(directory, current) and fresh:
+                current.used = now
                 return current
             event = self._built.get(directory)
             if event is None:
-                return await self._build(directory)
-            await event.wait()
-            built = self._dirs.get(directory)
-            if built is not None:
-                return built  # as built just now, even with nodes missing: do not list again at once
+                built = await self._build(directory)
+            else:
+                await event.wait()
+                waited = self._dirs.get(directory)
+                if waited is None:
+                    continue
+                built = waited  # as built just now, even with nodes missing: do not list again at once
+            built.used = trio.current_time()
+            return built
 
     async def _build(self, directory: str) -> BuiltDirectory:
         self._builds += 1
@@ -563,8 +570,12 @@ class DirectoryIndex(SubdirectoryHomes):
         current = self._dirs.get(directory)
         unreached: list[str] = []
         for name in names:
+            if name not in self._child_homes.get(directory, {}) and index_home is None:
+                continue
+            if current is None and directory not in self._building and directory not in self._backing:
+                current = await self._directory(directory)  # let go while idle: is `name` still a directory?
             gone = current is not None and not any(h.is_dir for h in current.entries.get(name, {}).values())
-            if gone and (name in self._child_homes.get(directory, {}) or index_home is not None):
+            if gone:
                 unreached += await self._drop_home(directory, name, forgotten_by=forgotten_by, index_home=index_home,
                                                    kept=kept)
         leases = self._listing_leases.revoke(directory, WHOLE)

@@ -8,6 +8,7 @@ is an entry without attributes until its holder has the file.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ...protocol.attr import Attr
@@ -43,6 +44,12 @@ class BuiltDirectory:
     missing: tuple[str, ...]  # nodes that could not be listed: misses are not definite
     exists: bool = True       # some node listed it (an empty index of a missing directory is not a listing)
     holders: set[str] = field(default_factory=set)  # nodes whose export has the directory (as far as known)
+    used: float = -math.inf   # when a request last read it
+
+    def claimed(self, now: float) -> bool:
+        """Whether a name in it is being created (a recent claim: not on its holder's disk yet)."""
+        return any(holder.attr is None and not holder.renamed and holder.recent(now)
+                   for holders in self.entries.values() for holder in holders.values())
 
 
 @dataclass

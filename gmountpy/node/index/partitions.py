@@ -73,6 +73,7 @@ class Partitioned(IndexStore):
         @functools.wraps(serve)
         async def gated(directory: str, *args: Any) -> Any:
             directory = str(directory)
+            self._tidy()
             while (closed := self._closed.get(directory)) is not None:
                 await closed.wait()
             self._active[directory] += 1

@@ -8,6 +8,11 @@ node may answer from what it was told while its lease lasts (docs/design.md, the
 hand-off contract). Leases are kept apart from the entries: a rebuild must not forget
 who holds a "not found", or a create would not revoke it.
 
+A home holds what it still promises and what is in use: leases that ended are forgotten,
+and a directory's index that nobody asked for in `keep_idle` seconds is let go (it is
+built again from the exports when next asked) unless a lease on its names is still live or
+a create in it is under way.
+
 `IndexStore` is the bottom layer of the home's side: `partitions` (Giga+ splitting),
 `records` (the homes of subdirectories) and `directory` (the operations served) build
 on it.
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
@@ -60,12 +66,15 @@ class IndexStore:
     asks the other nodes whose export has the directory (not every node): a file copied
     straight into an export since that node's last scan is then found at once (no ENOENT,
     no twin), at the cost of those messages on every miss and create (a miss is still leased).
+    `keep_idle`: seconds a directory's index is kept without a request reading it (0: for
+    ever); longer than `rescan`, after which it would be listed again anyway.
     """
 
     def __init__(self, peers: Peers, order: Sequence[str], *, lease: float, rescan: float = 30.0,
                  revoke_timeout: float = ANNOUNCE_TIMEOUT, ask_timeout: float | None = None,
                  homes: Homes | None = None, home_lease: float | None = None, listing_lease: float = 1.0,
-                 backup_refresh: float = 1.0, verify_misses: bool = False, split_entries: int = 0) -> None:
+                 backup_refresh: float = 1.0, verify_misses: bool = False, split_entries: int = 0,
+                 keep_idle: float = 120.0) -> None:
         home_lease = home_lease_for(lease) if home_lease is None else home_lease
         if split_entries < 0:
             raise ValueError(f"`split_entries` must be non-negative (0: never split), got {split_entries!r}")
@@ -73,6 +82,8 @@ class IndexStore:
             raise ValueError(f"`lease` must be non-negative, got {lease!r}")
         if rescan < 0:
             raise ValueError(f"`rescan` must be non-negative, got {rescan!r}")
+        if keep_idle < 0:
+            raise ValueError(f"`keep_idle` must be non-negative (0: for ever), got {keep_idle!r}")
         if home_lease < 0 or listing_lease < 0:
             raise ValueError(f"`home_lease` and `listing_lease` must be non-negative, got {home_lease!r}, "
                              f"{listing_lease!r}")
@@ -87,6 +98,9 @@ class IndexStore:
         self.listing_lease = listing_lease
         self.backup_refresh = backup_refresh
         self.verify_misses = verify_misses
+        self.keep_idle = keep_idle
+        self._swept = -math.inf  # when idle indexes were last let go
+        self._evictions = 0
         # directory -> subdirectory name -> its home. Kept apart from the entries: a rebuild
         # must not move a directory's home (askers hold it under a lease).
         self._child_homes: dict[str, dict[str, str]] = {}
@@ -111,6 +125,34 @@ class IndexStore:
         self._drained: dict[str, trio.Event] = {}      # directory -> set when its last request is done
         self._splits = self._redirects = 0
         self._operations: dict[str, Callable[..., Awaitable[Any]]] | None = None
+
+    def _tidy(self) -> None:
+        """Forget the leases that ended; every `keep_idle` / 4 seconds, let go of the directory
+        indexes nobody read for `keep_idle` seconds (see the module)."""
+        now = trio.current_time()
+        for leases in (self._negatives, self._home_leases, self._listing_leases):
+            leases.expire(now)
+        if self.keep_idle <= 0 or now - self._swept < self.keep_idle / 4:
+            return
+        self._swept = now
+        for directory in [d for d, built in self._dirs.items() if self._idle(d, built, now)]:
+            del self._dirs[directory]
+            self._backing.pop(directory, None)
+            self._split_check.pop(directory, None)
+            self._evictions += 1
+
+    def _idle(self, directory: str, built: BuiltDirectory, now: float) -> bool:
+        """Whether `directory`'s index may go: unread for `keep_idle` seconds, and nothing it
+        alone would carry over -- a live "not found" or listing lease (a change seen only by
+        comparing with the index must revoke them), a create under way, a split, a request
+        or a build in progress."""
+        return (now - max(built.built_at, built.used) >= self.keep_idle and directory not in self._parts
+                and directory not in self._building and directory not in self._active
+                and directory not in self._closed and not self._negatives.names(directory)
+                and not self._listing_leases.names(directory) and not built.claimed(now))
+
+    def _leases_held(self) -> int:
+        return len(self._negatives) + len(self._home_leases) + len(self._listing_leases)
 
     def forget_all(self) -> None:
         """Drop every built directory (a node restarted: its export may differ); leases are kept.
