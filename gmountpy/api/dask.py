@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._sync import blocking
+from ..errors import GmountError
 from ..launch import dask as dask_launch
 from ..launch.dask import DaskState
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
     from .cluster import Cluster
 
-__all__ = ["DaskState", "client", "down", "placements", "up"]
+__all__ = ["DaskState", "client", "down", "placements", "set_placement", "up"]
 
 
 def up(cluster: Cluster, *, threads: int | None = None, placement: bool = True,
@@ -62,3 +63,22 @@ def placements(connected: Client) -> dict[str, str]:
 
     placed: dict[str, str] = connected.run_on_scheduler(read)
     return placed
+
+
+def set_placement(connected: Client, enabled: bool) -> None:
+    """Turn the scheduler's locality placement on or off for graphs submitted from now on.
+
+    Off, Dask places tasks by its own rules: what `gmount dask up --no-placement`
+    starts with, and what benchmarks compare against with the same workers.
+    """
+    from .dask_placement import PLUGIN_NAME
+
+    def switch(dask_scheduler: object, enabled: bool) -> bool:
+        plugin = getattr(dask_scheduler, "plugins", {}).get(PLUGIN_NAME)
+        if plugin is None:
+            return False
+        plugin.enabled = enabled
+        return True
+
+    if not connected.run_on_scheduler(switch, enabled=enabled):
+        raise GmountError("this Dask scheduler has no gmount placement: was it started by `gmount dask up`?")
