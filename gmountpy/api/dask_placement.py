@@ -68,7 +68,9 @@ def input_paths(spec: object, cluster: str) -> list[str]:
 
 
 def _gmount_fs_of(value: object, cluster: str) -> bool:
-    """Whether `value` carries an fsspec file system of gmount cluster `cluster` as `.fs`."""
+    """Whether `value` (or the function a partial wraps) carries a file system of gmount cluster `cluster`."""
+    while isinstance(value, functools.partial):
+        value = value.func
     fs = getattr(value, "fs", None)
     if fs is None or getattr(fs, "protocol", None) != "gmount":
         return False
@@ -82,9 +84,9 @@ def _walk(value: object, cluster: str, found: dict[str, None], depth: int, paths
         if value.startswith(URL_PREFIX):
             host, _, rest = value[len(URL_PREFIX):].partition("/")
             if host in ("", cluster):
-                found[posixpath.normpath("/" + rest)] = None
+                found[posixpath.normpath("/" + rest.lstrip("/"))] = None
         elif paths_are_gmount and value.startswith("/"):
-            found[posixpath.normpath(value)] = None
+            found[posixpath.normpath("/" + value.lstrip("/"))] = None
         return
     deeper = depth + 1
     if isinstance(value, Task):
