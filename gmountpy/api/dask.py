@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from .cluster import Cluster
 
-__all__ = ["DaskState", "client", "down", "placements", "set_placement", "up"]
+__all__ = ["DaskState", "client", "down", "placements", "running", "set_placement", "up"]
 
 
 def up(cluster: Cluster, *, threads: int | None = None, placement: bool = True,
@@ -46,6 +46,11 @@ def client(cluster: Cluster, *, threads: int | None = None, placement: bool = Tr
     connected = Client(running.address, security=dask_launch.security(cluster.name), timeout=timeout)
     connected.wait_for_workers(len(running.workers), timeout=timeout)
     return connected
+
+
+def running(cluster: Cluster) -> DaskState | None:
+    """The Dask cluster recorded for `cluster` (scheduler, workers, dashboard), or None."""
+    return dask_launch.load(cluster.name)
 
 
 def down(cluster: Cluster) -> dict[str, str]:
