@@ -144,7 +144,11 @@ def main() -> int:
             os.chdir(str(config["mountpoint"]))  # relative paths in tasks are paths in the node's mount
         else:
             os.chdir("/")
-        asyncio.run(_serve(config, out, log, scratch))
+        try:
+            asyncio.run(_serve(config, out, log, scratch))
+        except ImportError as exc:
+            raise GmountError(f"Dask is not installed for {sys.executable} ({exc}): "
+                              f'install "gmountpy[dask]" there') from None
     except (GmountError, OSError, ValueError, KeyError, TypeError) as exc:
         try:
             _say(out, "ERROR", f"{type(exc).__name__}: {exc}" if not isinstance(exc, GmountError) else str(exc))

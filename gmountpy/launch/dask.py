@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib.util
 import json
 import os
 import shlex
@@ -208,6 +209,8 @@ def up(state: ClusterState, *, threads: int | None = None, placement: bool = Tru
     """
     if threads is not None and threads < 1:
         raise ValueError(f"`threads` must be at least 1, got {threads}")
+    if importlib.util.find_spec("distributed") is None:
+        raise GmountError('Dask is not installed here: pip install "gmountpy[dask]" (on every node too)')
     say = progress or (lambda node, what: None)
     name = state.name
     existing = load(name)
