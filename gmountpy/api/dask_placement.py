@@ -19,11 +19,14 @@ which reads the input remotely through its own mount). Tasks the client
 restricted itself, and tasks reading no gmount file, keep Dask's placement.
 
 `LocalityStealing` is Dask's work stealing with one more rule: a placed
-task moves only off an overloaded worker -- one with more than twice as
-many tasks as threads -- and only when the thief would finish it sooner
-even after reading its input remotely (at the scheduler's bandwidth
-estimate). Without it Dask would treat a task with no dependencies as free
-to move and undo the placement whenever a worker runs idle.
+task moves only off an overloaded node -- one that was given more than
+OVERLOAD_SHARE times its threads' share of its graph's input bytes, and
+still has more than twice as many tasks as threads queued -- and only when
+the thief would finish it sooner even after reading its input remotely (at
+the scheduler's bandwidth estimate). Without it Dask would treat a task with
+no dependencies as free to move and undo the placement whenever a worker
+runs idle; with it, data spread evenly stays read where it is even when one
+node runs slower, and a node holding most of the data gets help.
 """
 
 from __future__ import annotations
@@ -53,7 +56,10 @@ PLUGIN_NAME = "gmount-placement"
 URL_PREFIX = "gmount://"
 #: how deep into nested arguments a task spec is searched for gmount files
 MAX_DEPTH = 16
-#: a placed task leaves a worker only while it has more than this many tasks per thread
+#: a placed task may leave a node only if its graph gave that node more than this times its threads' share
+#: of the input bytes ...
+OVERLOAD_SHARE = 1.5
+#: ... and only while the node's worker has more than this many tasks per thread
 OVERLOAD = 2
 
 
@@ -123,7 +129,8 @@ class Placement(SchedulerPlugin):
         self.cluster_name = cluster
         self.enabled = enabled
         self._cluster: Cluster | None = None
-        #: key -> (located input bytes, {worker address: bytes of them it holds}), while it may be stolen
+        #: key -> (located input bytes, {worker address: bytes of them it holds}), for the placed tasks that
+        #: may be stolen (their node is overloaded), while they may
         self.inputs: dict[Any, tuple[int, dict[str, int]]] = {}
         #: tasks placed and how many of them ran where they were placed (for tests and benchmarks)
         self.placed: dict[Any, str] = {}
@@ -173,19 +180,26 @@ class Placement(SchedulerPlugin):
             return
         slots = {n: workers[n].nthreads for n in nodes}
         running = {n: len(workers[n].processing) for n in nodes}
+        chosen: dict[Any, tuple[str, int, dict[str, int]]] = {}
+        given = dict.fromkeys(nodes, 0)  # input bytes of this graph placed on each node
         for key, paths in wanted.items():
             task_holdings = {p: {n: size for n, size in holdings.get(p, {}).items() if n in slots} for p in paths}
             if not any(task_holdings.values()):
                 continue  # no input held by a node with a worker: Dask decides
             decision = choose_node(task_holdings, nodes, slots=slots, running=running, rtt=cluster.overlay.rtt)
-            ts = scheduler.tasks[key]
-            chosen = workers[decision.node]
-            ts.worker_restrictions = {chosen.address}
-            ts.loose_restrictions = True
             running[decision.node] += 1  # the next tasks of this graph see it busier (spreads replicas)
             total = sum(max(held.values()) for held in task_holdings.values() if held)
-            self.inputs[key] = (total, {workers[n].address: decision.scores[n] for n in nodes})
-            self.placed[key] = decision.node
+            chosen[key] = (decision.node, total, dict(decision.scores))
+            given[decision.node] += total
+        all_bytes, all_threads = sum(given.values()), sum(slots.values())
+        overloaded = {n for n in nodes if given[n] > OVERLOAD_SHARE * all_bytes * slots[n] / all_threads}
+        for key, (node, total, scores) in chosen.items():
+            ts = scheduler.tasks[key]
+            ts.worker_restrictions = {workers[node].address}
+            ts.loose_restrictions = True
+            self.placed[key] = node
+            if node in overloaded:
+                self.inputs[key] = (total, {workers[n].address: scores[n] for n in nodes})
 
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         if finish in ("memory", "erred", "forgotten"):
@@ -194,7 +208,11 @@ class Placement(SchedulerPlugin):
             self.placed.pop(key, None)
 
     def remote_bytes(self, ts: TaskState, ws: WorkerState) -> int | None:
-        """The input bytes `ts` would read from other nodes on worker `ws`; None for a task not placed."""
+        """The input bytes `ts` would read from other nodes on worker `ws`; None if it must stay.
+
+        None for a task placed on a node that is not overloaded (and for one
+        placed before its worker died, which Dask has moved already).
+        """
         entry = self.inputs.get(ts.key)
         if entry is None:
             return None
@@ -212,11 +230,11 @@ class LocalityStealing(WorkStealing):
         victim = ts.processing_on
         if thief is None or victim is None or not isinstance(placement, Placement):
             return thief
-        remote = placement.remote_bytes(ts, thief)
-        if remote is None:
+        if ts.key not in placement.placed:
             return thief  # not placed by us: Dask's rule alone
-        if len(victim.processing) <= OVERLOAD * victim.nthreads:
-            return None
+        remote = placement.remote_bytes(ts, thief)
+        if remote is None or len(victim.processing) <= OVERLOAD * victim.nthreads:
+            return None  # its node is not overloaded: it stays
         compute = self.scheduler._get_prefix_duration(ts.prefix)
         occ_thief = occupancies.get(thief, thief.occupancy) + self.in_flight_occupancy[thief]
         occ_victim = occupancies.get(victim, victim.occupancy) + self.in_flight_occupancy[victim]

@@ -252,6 +252,9 @@ def running_workers(state: DaskState, timeout: float = 10.0) -> set[str] | None:
     """Names of the workers the scheduler has now; None when the scheduler does not answer."""
     from distributed import Client
 
+    scheduler = state.scheduler
+    if scheduler.ssh is None and _start_time(scheduler.pid) != scheduler.start:
+        return None  # a local scheduler that is gone: no need to wait for a connection to time out
     try:
         with Client(state.address, security=security(state.cluster), timeout=timeout,
                     set_as_default=False) as client:

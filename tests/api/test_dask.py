@@ -155,16 +155,18 @@ def test_an_overloaded_node_shares_its_tasks(on_dask: tuple[LocalCluster, Cluste
     assert remote_and_local(before, cluster.counters())["read_remote"] > 0
 
 
-def test_stealing_leaves_placed_tasks_on_a_busy_node_that_is_not_overloaded(
-        on_dask: tuple[LocalCluster, Cluster, Any]) -> None:
+def test_stealing_leaves_evenly_spread_tasks_on_a_slow_node(on_dask: tuple[LocalCluster, Cluster, Any]) -> None:
     lc, cluster, client = on_dask
     read_here = reader()
-    written = write_frames(lc, "busy", ["n2"] * 4)
+    holders = NODES * 6
+    written = write_frames(lc, "even", holders)
     urls = [f"gmount://{cluster.name}{path}" for path in written]
-    # n2 (2 threads) gets 4 slow tasks while the other workers idle: Dask's own stealing would move
-    # some (a task without dependencies looks free to move); no more than twice its threads is no overload
-    ran_on = [node for node, _ in client.gather(client.map(read_here, urls, pause=1.5, pure=False))]
-    assert ran_on == ["n2"] * 4
+    # every node holds its share, but n2's tasks are slow: the others run idle while n2 still has a queue
+    # of more than twice its threads. Dask's own stealing would move some of n2's tasks (a task without
+    # dependencies looks free to move); n2 got no more than its share, so it is not overloaded: they stay
+    pauses = [1.0 if node == "n2" else 0.05 for node in holders]
+    ran_on = [node for node, _ in client.gather(client.map(read_here, urls, pauses, pure=False))]
+    assert ran_on == holders
 
 
 def test_placement_off_is_dasks_own_choice(on_dask: tuple[LocalCluster, Cluster, Any]) -> None:
@@ -196,7 +198,9 @@ def test_a_dead_workers_tasks_are_retried_elsewhere_reading_remotely(
     os.kill(victim.pid, signal.SIGKILL)  # the worker dies; n3's daemon and its files stay
     results = client.gather(futures)
     assert all(rows == 200 for _, rows in results)
-    assert "n3" not in {node for node, _ in results[2:]}, results  # n3's queue went to the others
+    ran_on = [node for node, _ in results]
+    assert ran_on.count("n3") <= 2, ran_on  # at most what its 2 threads finished before it died: the rest
+    # (its queue, and what it was running) went to the other workers
     assert remote_and_local(before, cluster.counters())["read_remote"] > 0
     # `Cluster.dask()` again starts the missing worker; the others keep running
     again = cluster.dask()
@@ -230,8 +234,16 @@ def test_cli_up_and_down_and_gmount_down_stops_dask(tmp_path: Path) -> None:
         assert all(n.up for n in Cluster.open(name).status().nodes)  # the cluster itself stays up
         client = Cluster.open(name).dask(threads=1)
         client.close()
+        crashed = dask_launch.load(name)
+        assert crashed is not None
+        # a scheduler that died: the next `dask()` clears what is left of it and starts afresh
+        os.kill(crashed.scheduler.pid, signal.SIGKILL)
+        client = Cluster.open(name).dask(threads=1)
+        assert client.submit(lambda: os.environ["GMOUNT_NODE"], workers=["b"]).result() == "b"
+        client.close()
         record = dask_launch.load(name)
-        assert record is not None
+        assert record is not None and record.scheduler.pid != crashed.scheduler.pid
+        assert all(dask_launch._start_time(w.pid) is None for w in crashed.workers.values())
         pids = [record.scheduler.pid, *(w.pid for w in record.workers.values())]
         assert launch.down(name) == {}  # `gmount down`: Dask first, then the daemons
         assert all(dask_launch._start_time(pid) is None for pid in pids)
