@@ -14,9 +14,16 @@ launcher's state). Storage options:
     a running cluster's name, its cluster file, or a path inside a mount;
     taken from the URL's host part when given there.
 ``node``
-    the node the file system asks from (default: the cluster's first node).
-    Lookups, listings and "nearest" follow that node's view: its own files
-    first, then its site, then other sites by RTT -- as its mount would.
+    the node the file system asks from (default: the node whose mount this
+    process runs in, as a gmount job or Dask worker does; else the cluster's
+    first node). Lookups, listings and "nearest" follow that node's view: its
+    own files first, then its site, then other sites by RTT -- as its mount would.
+
+Inside a node's mount -- a process started by gmount on a node (`run`,
+`spawn`, a Dask worker: GMOUNT_CLUSTER and GMOUNT_NODE set) whose mount is on
+this machine -- files are read through that mount: the node's own files from
+its disk, others by the mount from their holder (and counted in the node's
+`read_local` / `read_remote`), instead of over RPC from this process.
 
 Listings are the merge of every node's directory, like the mount. Reading
 opens the file on its nearest holder (bound at open time, close-to-open) and
@@ -40,7 +47,7 @@ import os
 import posixpath
 import tempfile
 from datetime import UTC
-from typing import Any
+from typing import IO, Any
 
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 from fsspec.utils import stringify_path
@@ -69,7 +76,8 @@ class GmountFileSystem(AbstractFileSystem):
         if node is not None and node not in self.cluster.nodes:
             raise GmountError(f"unknown node {node!r} in cluster {self.cluster.name!r} "
                               f"(nodes: {', '.join(self.cluster.nodes.names)})")
-        self.node = node if node is not None else self.cluster.home
+        self.mount = _mount_here(self.cluster)
+        self.node = node if node is not None else (self.mount[0] if self.mount else self.cluster.home)
 
     # -- paths -----------------------------------------------------------------
 
@@ -122,7 +130,7 @@ class GmountFileSystem(AbstractFileSystem):
     # -- data ------------------------------------------------------------------------
 
     def _open(self, path: str, mode: str = "rb", block_size: Any = None, autocommit: bool = True,
-              cache_options: Any = None, **kwargs: Any) -> GmountFile:
+              cache_options: Any = None, **kwargs: Any) -> GmountFile | IO[bytes]:
         if mode in ("wb", "xb"):
             path = self._strip_protocol(path)
             if mode == "xb" and self.exists(path):
@@ -131,14 +139,27 @@ class GmountFileSystem(AbstractFileSystem):
         if mode != "rb":
             raise NotImplementedError(f"gmount:// files open as 'rb', 'wb' or 'xb', not {mode!r} "
                                       "(to append, write through a node's mount)")
+        if self.mount is not None:
+            return open(self._in_mount(path), "rb")  # noqa: SIM115 -- the caller closes it, as any fsspec file
         details = self.info(path)
         if details["type"] == "directory":
             raise IsADirectoryError(errno.EISDIR, f"{details['name']} is a directory", details["name"])
         return GmountFile(self, details["name"], mode, block_size, autocommit, cache_options=cache_options,
                           details=details, **kwargs)
 
+    def _in_mount(self, path: str) -> str:
+        assert self.mount is not None
+        return os.path.join(self.mount[1], self._strip_protocol(path).lstrip("/"))
+
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         """One round of reads from the nearest holder, without the file object's block cache."""
+        if self.mount is not None:
+            with open(self._in_mount(path), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                first = 0 if start is None else (max(0, size + start) if start < 0 else start)
+                stop = size if end is None else (max(0, size + end) if end < 0 else min(end, size))
+                f.seek(first)
+                return f.read(max(0, stop - first))
         details = self.info(path)
         if details["type"] == "directory":
             raise IsADirectoryError(errno.EISDIR, f"{details['name']} is a directory", details["name"])
@@ -235,6 +256,15 @@ class GmountFile(AbstractBufferedFile):
         fs: GmountFileSystem = self.fs
         assert self.holder is not None, "only files opened for reading fetch ranges"
         return fs.cluster.read_range(self.path, start, end, holder=self.holder)
+
+
+def _mount_here(cluster: Cluster) -> tuple[str, str] | None:
+    """(node, mountpoint) when this process runs on a node of `cluster` whose mount is on this machine."""
+    node = os.environ.get("GMOUNT_NODE")
+    if os.environ.get("GMOUNT_CLUSTER") != cluster.name or node not in cluster.spec.nodes:
+        return None
+    mountpoint = cluster.spec.nodes[node].mountpoint
+    return (node, mountpoint) if os.path.ismount(mountpoint) else None
 
 
 def _entry_info(entry: Entry) -> dict[str, Any]:
