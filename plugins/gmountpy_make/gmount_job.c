@@ -408,8 +408,11 @@ static void write_log(const char *target, const placement *where, double seconds
     json_key(&line, "time", 0), putf(&line, "%lld.%06ld", (long long)now.tv_sec, now.tv_nsec / 1000);
     json_key(&line, "via", 0), json_string(&line, "daemon");
     puts_(&line, "}\n");
-    make_parents(path);
     int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0 && errno == ENOENT) {  /* the first line of a run: make its directory */
+        make_parents(path);
+        fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    }
     /* one write: lines from recipes running in parallel stay whole */
     if (fd < 0 || write(fd, line.data, line.len) != (ssize_t)line.len)
         say("cannot write the placement log %s: %s (set GMOUNT_PLACEMENT_LOG to a writable file)", path,
