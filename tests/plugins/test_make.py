@@ -573,3 +573,35 @@ def test_gmount_job_without_target_is_the_recipe_shell(tmp_path: Path) -> None:
     done = subprocess.run([JOB_PROGRAM, "-c", "echo $0 $PWD; exit 5"], cwd=tmp_path, check=False, timeout=60,
                           capture_output=True, text=True, env=env(GMOUNT_RECIPE_SHELL="/bin/bash", PWD=str(tmp_path)))
     assert (done.returncode, done.stdout) == (5, f"/bin/bash {tmp_path}\n")
+
+
+@pytest.mark.slow
+def test_wheel_carries_gmount_job_built_and_make_uses_it(cluster: LocalCluster, tmp_path: Path) -> None:
+    """`pip wheel` compiles gmount-job (setup.py) into a platform wheel, executable; installed from it,
+    gmount.mk makes it SHELL and the daemon places the recipe (not the Python fallback)."""
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"),
+                            str(REPO)], check=False, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    wheel = next((tmp_path / "dist").glob("gmountpy-*.whl"))
+    assert not wheel.name.endswith("-none-any.whl"), wheel.name  # a compiled program inside: a platform wheel
+    member = zipfile.ZipFile(wheel).getinfo("gmountpy_make/gmount-job")
+    assert (member.external_attr >> 16) & 0o111, oct(member.external_attr >> 16)
+    assert "gmountpy_make/gmount_job.c" not in zipfile.ZipFile(wheel).namelist()
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
+                                "-q", "--no-deps", "--no-index", str(wheel)],
+                               check=False, capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stderr
+    mk = next(venv.glob("lib/python*/site-packages/gmountpy_make/gmount.mk"))
+    assert os.access(mk.parent / "gmount-job", os.X_OK)
+    wf = "wf-wheel-job"
+    put_inputs(cluster, wf)
+    (cluster.export("n1") / wf / "Makefile").write_text(f"include {mk}\nout.txt: in4.txt\n\techo $$GMOUNT_NODE > $@\n")
+    here = cluster.mount("n1") / wf
+    result = subprocess.run(["make", "out.txt"], check=False, cwd=here, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    assert (here / "out.txt").read_text() == "n4\n"
+    assert [(e["node"], e["via"]) for e in read_log(next((here / ".gmount").glob("make-*.jsonl")))] == [
+        ("n4", "daemon")]
