@@ -245,6 +245,11 @@ async def serve_jobs(placer: JobPlacer, path: str, *, task_status: Any = trio.TA
         task_status.started()
         return
     log.info("node %s answers job placement on %s", placer.me, path)
+    try:
+        card = write_card(placer, path)
+    except OSError as exc:  # recipes without prerequisites then ask too
+        card = ""
+        log.warning("node %s could not write %s: %s", placer.me, card_path(path), exc.strerror)
 
     async def handle(stream: trio.SocketStream) -> None:
         async with stream:
@@ -256,10 +261,30 @@ async def serve_jobs(placer: JobPlacer, path: str, *, task_status: Any = trio.TA
     try:
         await trio.serve_listeners(handle, [listener], task_status=task_status)
     finally:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+        for made in (path, card):
+            try:
+                if made:
+                    os.unlink(made)
+            except OSError:
+                pass
+
+
+def card_path(socket_file: str) -> str:
+    return socket_file[:-len(".sock")] + ".node" if socket_file.endswith(".sock") else socket_file + ".node"
+
+
+def write_card(placer: JobPlacer, socket_file: str) -> str:
+    """Beside the socket, what the node would answer for a job without inputs: node, site, cluster and
+    mountpoint (NUL-terminated fields). make's gmount-job reads it for recipes without prerequisites
+    instead of asking: the answer is always this node."""
+    path = card_path(socket_file)
+    node = placer.spec.node(placer.me)
+    fields = (placer.me, node.site, placer.spec.name, node.mountpoint)
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+        f.write(b"".join(os.fsencode(field) + b"\0" for field in fields))
+    os.replace(temporary, path)
+    return path
 
 
 async def _answer(placer: JobPlacer, stream: trio.SocketStream) -> None:

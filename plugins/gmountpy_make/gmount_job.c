@@ -219,20 +219,27 @@ static uint64_t fnv1a64(const char *s) {
     return value;
 }
 
-/* Connected to the job socket of the daemon mounted at `mount`, or -1 (errno set). */
-static int connect_daemon(const char *mount) {
+/* The daemon's file `jobs-<hash>.<suffix>` for the mount at `mount`, if its directory is this user's
+ * alone (never send a recipe through, or believe, anything else); 0 with errno set if not. */
+static int daemon_file(const char *mount, const char *suffix, char *out, size_t size) {
     char directory[64];
     snprintf(directory, sizeof directory, "/tmp/gmountpy-%u", (unsigned)geteuid());
     struct stat info;
     if (lstat(directory, &info) < 0)
-        return -1;
+        return 0;
     if (!S_ISDIR(info.st_mode) || info.st_uid != geteuid() || (info.st_mode & 077)) {
-        errno = EPERM;  /* not this user's alone: never send a recipe through it */
-        return -1;
+        errno = EPERM;
+        return 0;
     }
+    snprintf(out, size, "%s/jobs-%016llx.%s", directory, (unsigned long long)fnv1a64(mount), suffix);
+    return 1;
+}
+
+/* Connected to the job socket of the daemon mounted at `mount`, or -1 (errno set). */
+static int connect_daemon(const char *mount) {
     struct sockaddr_un address = {.sun_family = AF_UNIX};
-    snprintf(address.sun_path, sizeof address.sun_path, "%s/jobs-%016llx.sock", directory,
-             (unsigned long long)fnv1a64(mount));
+    if (!daemon_file(mount, "sock", address.sun_path, sizeof address.sun_path))
+        return -1;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return -1;
@@ -308,6 +315,40 @@ static int parse_reply(buffer *reply, placement *out, const char **error) {
         !out->inputs || !out->bytes_local || !out->bytes_remote)
         return -1;
     return 0;
+}
+
+/* A recipe without prerequisites stays on make's node: its answer is the card the daemon keeps beside
+ * its socket (node, site, cluster, mountpoint), no question asked. 0 if there is no card. */
+static int own_node(const char *mount, const char *cwd, buffer *card, buffer *paths, placement *out) {
+    char path[128];
+    if (!daemon_file(mount, "node", path, sizeof path))
+        return 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    int failed = read_all(fd, card, 65536);
+    close(fd);
+    const char *fields[4];
+    size_t n = 0;
+    for (size_t at = 0; !failed && n < 4 && at < card->len; at += strlen(card->data + at) + 1)
+        fields[n++] = card->data + at;
+    if (failed || n != 4 || card->data[card->len - 1] != '\0')
+        return 0;
+    const char *below = cwd + strlen(mount);  /* cwd is inside the mount: "" or "/..." */
+    put(paths, *below ? below : "/", strlen(*below ? below : "/") + 1);
+    size_t cwd_at = 0, dir_at = paths->len;
+    puts_(paths, fields[3]);
+    if (*below)
+        puts_(paths, below);
+    memset(out, 0, sizeof *out);
+    out->node = out->make_node = fields[0];
+    out->site = fields[1];
+    out->cluster = fields[2];
+    out->cwd = paths->data + cwd_at;
+    out->dir = paths->data + dir_at;
+    out->remote = "0";
+    out->inputs = out->bytes_local = out->bytes_remote = "0";
+    return 1;
 }
 
 /* ------------------------------------------------------------------ the placement log */
@@ -545,6 +586,8 @@ static int run_here(char **args, const char *target, const placement *where) {
 
 /* ------------------------------------------------------------------ main */
 
+static int finish(char **args, const char *target, const placement *where);
+
 static void exec_fallback(char **original, const char *why) {
     const char *fallback = getenv("GMOUNT_SH_FALLBACK");
     if (!fallback || !*fallback)
@@ -584,12 +627,16 @@ int main(int argc, char **argv) {
     buffer mount = {0};
     if (!find_gmount(cwd, &mount))
         exec_fallback(original, "not in a gmount mount");  /* the Python wrapper says what to do */
+    const char *deps = getenv("GMOUNT_DEPS");
+    placement where;
+    buffer card = {0}, paths = {0};
+    if ((!deps || !deps[strspn(deps, " \t\n")]) && own_node(mount.data, cwd, &card, &paths, &where))
+        return finish(args, target, &where);
     int fd = connect_daemon(mount.data);
     if (fd < 0)
         exec_fallback(original, "no job socket");
 
     buffer request = {0};
-    const char *deps = getenv("GMOUNT_DEPS");
     put(&request, MAGIC, sizeof MAGIC);
     put(&request, "place", sizeof "place");
     put(&request, cwd, strlen(cwd) + 1);
@@ -611,7 +658,6 @@ int main(int argc, char **argv) {
         return 2;
     }
     close(fd);
-    placement where;
     const char *error = NULL;
     int parsed = parse_reply(&reply, &where, &error);
     if (parsed == 1) {
@@ -626,9 +672,14 @@ int main(int argc, char **argv) {
         setenv("GMOUNT_PLACED_NODE", where.node, 1);
         exec_fallback(original, "a node on another machine");
     }
+    return finish(args, target, &where);
+}
+
+/* Run the recipe where `where` says, log it, and end as it ended. */
+static int finish(char **args, const char *target, const placement *where) {
     long long started = monotonic_ns();
-    int status = run_here(args, target, &where);
-    write_log(target, &where, (double)(monotonic_ns() - started) / 1e9, status);
+    int status = run_here(args, target, where);
+    write_log(target, where, (double)(monotonic_ns() - started) / 1e9, status);
     if (status < 0) {  /* killed by a signal: die the same way, so make reports it as it would for /bin/sh */
         int sig = -status;
         signal(sig, SIG_DFL);

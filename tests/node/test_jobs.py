@@ -136,6 +136,9 @@ async def test_serve_jobs_answers_the_client_and_survives_bad_requests(tmp_path:
         async with trio.open_nursery() as nursery:
             await nursery.start(serve_jobs, jobs, path)
             assert stat.S_IMODE(os.stat(open_dir / "sockets").st_mode) == 0o700
+            # the card make's gmount-job reads for recipes without prerequisites: this node's answer
+            card = Path(path[:-len(".sock")] + ".node")
+            assert card.read_bytes() == f"n1\0tsukuba\0harness\0{mount(cluster, 'n1')}\0".encode()
 
             def ask(cwd: str, inputs: list[str]) -> dict[str, str]:
                 with socket.socket(socket.AF_UNIX) as sock:
@@ -167,4 +170,4 @@ async def test_serve_jobs_answers_the_client_and_survives_bad_requests(tmp_path:
             # still serving
             assert (await trio.to_thread.run_sync(ask, f"{mount(cluster, 'n1')}/wf", []))["node"] == "n1"
             nursery.cancel_scope.cancel()
-        assert not os.path.exists(path)  # removed when the daemon stops
+        assert not os.path.exists(path) and not card.exists()  # removed when the daemon stops
