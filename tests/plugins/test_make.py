@@ -586,7 +586,6 @@ def test_wheel_carries_gmount_job_built_and_make_uses_it(cluster: LocalCluster, 
     assert not wheel.name.endswith("-none-any.whl"), wheel.name  # a compiled program inside: a platform wheel
     member = zipfile.ZipFile(wheel).getinfo("gmountpy_make/gmount-job")
     assert (member.external_attr >> 16) & 0o111, oct(member.external_attr >> 16)
-    assert "gmountpy_make/gmount_job.c" not in zipfile.ZipFile(wheel).namelist()
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
