@@ -20,7 +20,8 @@ BASE_PACKAGES = ["fuse3", "libfuse3-dev", "pkg-config", "gcc", "python3-dev"]
 #: the tests run a real sshd and the WAN harness (namespaces, iptables-legacy, the NFQUEUE delay program)
 TEST_PACKAGES = ["openssh-server", "openssh-client", "iproute2", "iptables", "util-linux",
                  "libnetfilter-queue-dev", "libmnl-dev",
-                 "glusterfs-server", "glusterfs-client"]  # the WAN benchmarks' GlusterFS peer, tested too
+                 "glusterfs-server", "glusterfs-client",  # the WAN benchmarks' GlusterFS peer, tested too
+                 "bwa", "samtools", "bcftools"]  # the variant-calling workflow run through Snakemake (wgsim: samtools)
 PIPELINE_PACKAGES = ["make", "montage"]  # the reference pipelines: GNU make and the Montage executables
 
 
