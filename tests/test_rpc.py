@@ -864,24 +864,30 @@ async def test_connections_in_their_handshake_are_limited_per_address_and_over_a
     assert "connections in their handshake" in refused[0]
 
 
-@trio_test
+@trio_test(timeout=30)
 async def test_a_burst_of_clients_beyond_the_handshake_limits_all_get_in() -> None:
     """Many jobs starting at once each open a connection: those closed at once try again shortly."""
     backend = Backend()
-    limits = rpc.RequestLimits(node="srv", handshakes=4, handshakes_per_address=4)
+    limits = rpc.RequestLimits(node="srv", handshakes=2, handshakes_per_address=2)
     async with open_nursery() as nursery:
         listeners = await nursery.start(functools.partial(
             rpc.serve, "127.0.0.1", 0, backend.dispatch, secret=SECRET, name="srv", limits=limits))
         port = listeners[0].socket.getsockname()[1]
+        blockers = [await hello_or_closed(port, "127.0.0.1") for _ in range(2)]  # every slot taken a while
         clients: list[rpc.RpcClient] = []
 
         async def one() -> None:
-            clients.append(await connect(nursery, port, timeout=10))
+            clients.append(await connect(nursery, port, timeout=15))
 
         async with open_nursery() as burst:
             for _ in range(40):
                 burst.start_soon(one)
-        assert len(clients) == 40 and limits.refused_connections > 0
+            await trio.sleep(0.3)
+            assert clients == [] and limits.refused_connections >= 40
+            for blocker in blockers:
+                assert blocker is not None
+                await blocker.aclose()
+        assert len(clients) == 40
         for client in clients:
             assert await client.call("echo", 1) == [1]
             await client.aclose()

@@ -342,8 +342,6 @@ class _ClosedAtOnce(Exception):
     """The daemon closed the connection before saying anything: most likely over its handshake limits."""
 
 
-#: Attempts at a connection the daemon closes at once (a burst of clients beyond its handshake limits).
-CONNECT_ATTEMPTS = 4
 
 
 async def connect(
@@ -364,17 +362,19 @@ async def connect(
     name `peer` and be signed by the cluster CA. Without, the daemon must call
     itself `peer` once it proved the secret. A daemon that closes the
     connection before saying anything (busy with other handshakes) is tried
-    again after a short random pause, within `timeout`. `releases`: see RpcClient.
+    again after a short random pause, until `timeout`. `releases`: see RpcClient.
     """
     deadline = trio.current_time() + timeout
-    for attempt in range(1, CONNECT_ATTEMPTS + 1):
+    attempt = 0
+    while True:
+        attempt += 1
         try:
             with trio.fail_at(deadline):
                 stream, decoder, send_mac = await _open(host, port, secret, name, peer, ssl_context)
             break
         except _ClosedAtOnce as closed:
-            pause = random.uniform(0.05, 0.2) * attempt
-            if attempt == CONNECT_ATTEMPTS or trio.current_time() + pause >= deadline:
+            pause = random.uniform(0.05, 0.2) * min(attempt, 5)
+            if trio.current_time() + pause >= deadline:
                 raise PeerUnavailable(peer, f"cannot connect to {host}:{port}: the daemon closed the connection "
                                             f"at once, {attempt} times ({closed}): it is busy with other "
                                             "handshakes, or stopping") from None
