@@ -149,6 +149,15 @@ def test_a_tls_cluster_works_end_to_end(tmp_path) -> None:  # type: ignore[no-un
 
         with pytest.raises(PeerUnavailable):
             trio.run(plain)
+        # what anyone reaching the port sees of a node before proving anything: no node, no cluster
+        from cryptography import x509
+
+        der = trio.run(presented_certificate, record.host, record.port, ca, "n2", state_store.load_secret("tlsc"))
+        shown = x509.load_der_x509_certificate(der)
+        names = shown.subject.rfc4514_string() + shown.issuer.rfc4514_string() + " ".join(
+            shown.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+                x509.DNSName))
+        assert "n2" not in names and "tlsc" not in names, names
 
 
 
