@@ -23,15 +23,13 @@ import trio
 
 from gmountpy._trio import open_nursery
 from gmountpy.protocol import rpc
-from gmountpy.protocol.tls import client_context, make_cluster_credentials, server_context
+from gmountpy.protocol.tls import NodeCredentials, client_context, make_cluster_credentials, server_context
 
 SECRET = b"b" * 32
 MIB = b"\x5a" * (1 << 20)
 
 
 def _server(port_queue: Any, credentials: dict[str, str] | None) -> None:
-    from gmountpy.protocol.tls import NodeCredentials
-
     async def dispatch(session: rpc.Session, op: str, args: list[Any]) -> Any:
         return MIB if op == "mib" else b"ok"
 
@@ -45,11 +43,11 @@ def _server(port_queue: Any, credentials: dict[str, str] | None) -> None:
     trio.run(main)
 
 
-async def _measure(port: int, ca: str | None, seconds: float) -> dict[str, float]:
+async def _measure(port: int, ca: str | None, mine: NodeCredentials | None, seconds: float) -> dict[str, float]:
     results: dict[str, float] = {}
     async with open_nursery() as nursery:
         client = await rpc.connect(nursery, "127.0.0.1", port, secret=SECRET, name="bench", peer="srv",
-                                   ssl_context=client_context(ca) if ca else None)
+                                   ssl_context=client_context(ca, mine) if ca else None)
         for _ in range(200):
             await client.call("small")
         samples = []
@@ -84,16 +82,16 @@ def main() -> None:
     parser.add_argument("--tls", action="store_true", help="TLS instead of the per-frame MAC")
     parser.add_argument("--seconds", type=float, default=3.0)
     args = parser.parse_args()
-    ca = credentials = None
-    if args.tls:
-        ca, creds = make_cluster_credentials("bench", ["srv"])
-        credentials = creds["srv"].to_dict()
+    ca = credentials = mine = None
+    if args.tls:  # mutual: the client presents a certificate of its own
+        ca, creds = make_cluster_credentials("bench", ["srv", "bench"], SECRET)
+        credentials, mine = creds["srv"].to_dict(), creds["bench"]
     queue: Any = multiprocessing.Queue()
     server = multiprocessing.Process(target=_server, args=(queue, credentials), daemon=True)
     server.start()
     try:
         port = queue.get(timeout=10)
-        results = trio.run(_measure, port, ca, args.seconds)
+        results = trio.run(_measure, port, ca, mine, args.seconds)
     finally:
         server.terminate()
         server.join(5)

@@ -313,7 +313,7 @@ async def _every_op(state: ClusterState, exports: dict[str, Path], ca: ClusterCA
         async def connect(node: str) -> _Conversation:
             record = state.nodes[node]
             client = await rpc.connect(nursery, record.host, record.port, secret=secret, name="gmount-test",
-                                       peer=node, timeout=5.0, ssl_context=client_ssl(state))
+                                       peer=node, timeout=5.0, ssl_context=client_ssl(state, "gmount-test"))
             return _Conversation(client, asked)
 
         n1, n2 = await connect("n1"), await connect("n2")
@@ -398,7 +398,7 @@ async def _every_op(state: ClusterState, exports: dict[str, Path], ca: ClusterCA
 
         await _every_index_op(n1, n2)
 
-        fresh = ca.issue("n2")
+        fresh = ca.issue("n2", secret=secret)
         assert "20" in await n2.ask(msg.RenewTls(fresh.cert, fresh.key))  # its new expiry date
         assert await n2.ask(msg.Shutdown()) is None
         await n1.client.aclose()

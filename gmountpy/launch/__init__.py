@@ -59,7 +59,7 @@ def up(spec: ClusterSpec, *, progress: Progress | None = None, keep_going: bool 
     credentials = None
     if spec.tls:
         ca = ClusterCA.create(spec.name)
-        credentials = {node: ca.issue(node) for node in spec.nodes}
+        credentials = {node: ca.issue(node, secret=secret) for node in spec.nodes}
         state_store.save_tls(spec.name, ca.cert, {n: c.to_dict() for n, c in credentials.items()}, ca_key=ca.key)
     if spec.launcher == "ssh":
         from .ssh import start_ssh_cluster  # asyncssh is only imported when it is used
@@ -107,7 +107,7 @@ def _renew_certificates(existing: ClusterState, progress: Progress | None = None
     if not due or expiring(ca_pem) or ca_key is None:
         return False
     ca = ClusterCA(ca_pem, ca_key)
-    renewed = {node: ca.issue(node) for node in due}
+    renewed = {node: ca.issue(node, secret=state_store.load_secret(name)) for node in due}
     state_store.save_tls(name, ca_pem, {**stored, **{n: c.to_dict() for n, c in renewed.items()}}, ca_key=ca_key)
     answers: dict[str, str | None] = {}
 

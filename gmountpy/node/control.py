@@ -45,7 +45,7 @@ class NodeControl:
     def __init__(self, me: str, spec: ClusterSpec, overlay: Overlay, *, service: NodeService, pool: PeerPool,
                  locator: Locator, index: DirectoryIndex | None, namespace: Namespace,
                  limits: rpc.RequestLimits, server_tls: ssl.SSLContext | None = None,
-                 credentials: NodeCredentials | None = None) -> None:
+                 client_tls: ssl.SSLContext | None = None, credentials: NodeCredentials | None = None) -> None:
         self.me = me
         self.spec = spec
         self.overlay = overlay
@@ -56,6 +56,7 @@ class NodeControl:
         self.namespace = namespace
         self.limits = limits
         self.server_tls = server_tls
+        self.client_tls = client_tls  # the node presents its certificate to its peers too
         self.credentials = credentials
         #: The FUSE front end, once mounted (its inode and open-file counts go into `stats`).
         self.mount: GmountOperations | None = None
@@ -115,10 +116,12 @@ class NodeControl:
         if self.server_tls is None or self.credentials is None:
             raise OSError(errno.EINVAL, f"node {self.me} does not use TLS")
         fresh = NodeCredentials(self.credentials.ca, cert, key)
-        problem = certificate_problem(fresh, self.me)
+        problem = certificate_problem(fresh, self.me, self.pool.secret)
         if problem is not None:
             raise OSError(errno.EINVAL, problem)
         load_credentials(self.server_tls, fresh)
+        if self.client_tls is not None:
+            load_credentials(self.client_tls, fresh)
         self.credentials = fresh
         log.info("node %s now presents a renewed certificate, valid until %s", self.me, expires(cert))
         return str(expires(cert))

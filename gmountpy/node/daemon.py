@@ -177,9 +177,9 @@ class NodeDaemon:
         _raise_file_limit(tuning.handles_per_node + 1024)  # the mount's own files and sockets besides
         async with open_nursery() as nursery:
             server_tls = client_tls = None
-            if self.credentials is not None:
+            if self.credentials is not None:  # mutual TLS: the node's certificate serves and connects
                 server_tls = server_context(self.credentials)
-                client_tls = client_context(self.credentials.ca)
+                client_tls = client_context(self.credentials.ca, self.credentials)
             pool = PeerPool(self.me, service, self.secret, nursery, rpc_timeout=tuning.rpc_timeout,
                             connect_timeout=tuning.connect_timeout, ssl_context=client_tls)
             pool.set_peers(peers)
@@ -196,7 +196,7 @@ class NodeDaemon:
                 nursery.start_soon(_flush_owed_forever, locator)
             control = NodeControl(self.me, self.spec, self.overlay, service=service, pool=pool, locator=locator,
                                   index=index, namespace=namespace, limits=request_limits, server_tls=server_tls,
-                                  credentials=self.credentials)
+                                  client_tls=client_tls, credentials=self.credentials)
             service.add_operations(control.operations())
             service.on_created = namespace.created_by_put
             ops = GmountOperations(namespace, tuning.attr_ttl, tuning.negative_ttl, service.counters)
@@ -381,7 +381,7 @@ def main() -> int:
         tls = config.get("tls")
         credentials = NodeCredentials(tls["ca"], tls["cert"], tls["key"]) if tls else None
         if credentials is not None:
-            problem = certificate_problem(credentials, me)
+            problem = certificate_problem(credentials, me, secret)
             if problem is not None:
                 raise GmountError(problem)
         daemon = NodeDaemon(spec, me, secret, credentials)

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..cluster.config import Tuning
 from ..protocol.attr import Attr
-from ..protocol.rpc import Session
+from ..protocol.rpc import BadRequest, Session, check_arguments
 from .export import Export, off_loop, pread, pwrite, split_path
 from .replicas import STAGED_XATTR, Replica, ReplicaTable, is_marked_copy
 
@@ -205,7 +205,7 @@ class IOCounters:
 
 def _int(value: Any, name: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer, not {type(value).__name__}")
+        raise BadRequest(f"{name} must be an integer, not {type(value).__name__}")
     return value
 
 
@@ -236,10 +236,12 @@ class NodeService:
 
     async def dispatch(self, session: Session, op: str, args: list[Any]) -> Any:
         if op in self._extra:
+            check_arguments(op, self._extra[op], args)
             return await self._extra[op](*args)
         method = self._ops.get(op)
         if method is None:
             raise OSError(errno.ENOSYS, f"unknown operation {op!r}")
+        check_arguments(op, method, [None, *args] if op in HANDLE_OPS else args)
         if op in HANDLE_OPS:
             result = method(self._handles(session), *args)
         elif op in INLINE_OPS or inspect.iscoroutinefunction(method):
