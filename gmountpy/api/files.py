@@ -7,7 +7,6 @@ import dataclasses
 import errno
 import hashlib
 import os
-import threading
 from collections.abc import Iterable
 from typing import IO, TypeVar
 
@@ -15,6 +14,7 @@ import trio
 
 from .._trio import open_nursery
 from ..errors import GmountError
+from ..node.export import temporary_name
 from ..protocol import messages as msg
 from ..protocol.client import ClusterClient
 from .paths import PathLike, Paths, as_list
@@ -149,7 +149,7 @@ class Files:
     def get(self, path: PathLike, local: PathLike, from_node: str | Node | None = None) -> tuple[int, str]:
         ns_path, asking = self._paths.resolve(path, from_node)
         target = os.fspath(local)
-        temporary = f"{target}.gmount-get-{os.getpid()}-{threading.get_ident()}"
+        temporary = temporary_name(target, "get")  # beside it, fitting NAME_MAX whatever its name
 
         async def main(client: ClusterClient) -> tuple[int, str]:
             holder = readable_holder(await self._requests.where(client, asking, ns_path))

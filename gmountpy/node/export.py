@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -111,6 +112,25 @@ async def pwrite(fd: int, data: bytes, offset: int) -> int:
     return await off_loop(os.pwrite, fd, data, offset)
 
 
+#: The longest file name (in bytes) the file systems under an export take.
+NAME_MAX = 255
+
+
+def temporary_name(path: str, kind: str) -> str:
+    """A hidden name beside `path` for a file being written, `.NAME.gmount-KIND-XXXXXXXX`.
+
+    NAME is cut (at a character boundary) so the whole name fits NAME_MAX, so any name that
+    fits gets a temporary that fits too.
+    """
+    directory, slash, name = path.rpartition("/")
+    suffix = f".gmount-{kind}-{uuid.uuid4().hex[:8]}"
+    room = NAME_MAX - 1 - len(suffix)
+    raw = name.encode("utf-8", "surrogateescape")
+    if len(raw) > room:
+        name = raw[:room].decode("utf-8", "ignore")
+    return f"{directory}{slash}.{name}{suffix}"
+
+
 def open_special_safely(open_call: Callable[[int], int], flags: int) -> int:
     """Open with O_NONBLOCK so a FIFO without a peer never blocks; regular files get back
     the blocking mode they asked for, special files (FIFO, device) stay non-blocking."""
@@ -163,12 +183,15 @@ class Export:
     # -- walking -----------------------------------------------------------
 
     @contextmanager
-    def _dir(self, parts: list[str], create: bool = False) -> Iterator[int]:
-        """A descriptor of the directory named by `parts`, walked without following symlinks."""
+    def _dir(self, parts: list[str], create: bool = False, made: list[str] | None = None) -> Iterator[int]:
+        """A descriptor of the directory named by `parts`, walked without following symlinks.
+
+        With `create`, missing directories are made; their paths are appended to `made`.
+        """
         fd = self._root_fd
         opened: list[int] = []
         try:
-            for part in parts:
+            for depth, part in enumerate(parts):
                 try:
                     fd = os.open(part, _WALK_FLAGS, dir_fd=fd)
                 except FileNotFoundError:
@@ -176,6 +199,8 @@ class Export:
                         raise
                     try:
                         os.mkdir(part, 0o755, dir_fd=fd)
+                        if made is not None:
+                            made.append("/" + "/".join(parts[:depth + 1]))
                     except FileExistsError:
                         pass
                     fd = os.open(part, _WALK_FLAGS, dir_fd=fd)
@@ -190,11 +215,11 @@ class Export:
                 os.close(each)
 
     @contextmanager
-    def _parent(self, path: str, create: bool = False) -> Iterator[tuple[int, str]]:
+    def _parent(self, path: str, create: bool = False, made: list[str] | None = None) -> Iterator[tuple[int, str]]:
         parts = split_path(path)
         if not parts:
             raise OSError(errno.EBUSY, "the export root cannot be changed this way")
-        with self._dir(parts[:-1], create) as fd:
+        with self._dir(parts[:-1], create, made) as fd:
             yield fd, parts[-1]
 
     def local_path(self, path: str) -> str:
@@ -244,9 +269,9 @@ class Export:
             return open_special_safely(
                 lambda how: os.open(name, how, dir_fd=fd), (flags & _OPEN_MASK) | os.O_NOFOLLOW | os.O_CLOEXEC)
 
-    def create(self, path: str, flags: int, mode: int, parents: bool = True) -> int:
-        """Create (or open) a file, making missing parent directories in this export."""
-        with self._parent(path, create=parents) as (fd, name):
+    def create(self, path: str, flags: int, mode: int, parents: bool = True, made: list[str] | None = None) -> int:
+        """Create (or open) a file, making missing parent directories in this export (listed in `made`)."""
+        with self._parent(path, create=parents, made=made) as (fd, name):
             return open_special_safely(
                 lambda how: os.open(name, how, mode, dir_fd=fd),
                 (flags & _OPEN_MASK) | os.O_CREAT | (flags & os.O_EXCL) | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -310,6 +335,12 @@ class Export:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+    def sync_parents(self, path: str, made: list[str]) -> None:
+        """fsync `path`'s directory and the directory of each of `made` (directories made for it):
+        after a crash the file is there under its name, and so is every directory leading to it."""
+        for each in sorted({path, *made}, key=lambda p: -p.count("/")):
+            self.sync_parent(each)
 
     def chmod(self, path: str, mode: int) -> Attr:
         with self._parent(path) as (fd, name):
