@@ -100,14 +100,19 @@ async def pwrite(fd: int, data: bytes, offset: int) -> int:
     if _nowait_writes:
         try:
             written = os.pwritev(fd, [data], offset, os.RWF_NOWAIT)
-            if written == len(data):
-                return written
-            offset, data = offset + written, data[written:]
-            return written + await off_loop(os.pwrite, fd, data, offset)
         except OSError as exc:
             if exc.errno == errno.EOPNOTSUPP:
                 _nowait_writes = False
             elif exc.errno != errno.EAGAIN:
+                raise
+        else:
+            if written == len(data):
+                return written
+            try:
+                return written + await off_loop(os.pwrite, fd, data[written:], offset + written)
+            except OSError:
+                if written:
+                    return written  # a short write (POSIX): the bytes that did land, not an error
                 raise
     return await off_loop(os.pwrite, fd, data, offset)
 

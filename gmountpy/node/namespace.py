@@ -351,7 +351,15 @@ class Namespace:
         view = memoryview(data)
         while written < len(data):
             piece = bytes(view[written:written + MAX_IO])
-            written += await self.peers.ask(handle.node, msg.Write(handle.remote_handle, offset + written, piece))
+            try:
+                wrote = await self.peers.ask(handle.node, msg.Write(handle.remote_handle, offset + written, piece))
+            except OSError:
+                if written:
+                    return written  # a short write (POSIX): what landed, not an error -- a retry must not repeat it
+                raise
+            written += wrote
+            if wrote < len(piece):
+                break  # the holder wrote less (a full disk): say so, as write(2) would
         return written
 
     async def fsync(self, handle: FileHandle, datasync: bool) -> None:

@@ -15,9 +15,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from gmountpy.node import export as export_module
 from gmountpy.node.export import Export, split_path
 from gmountpy.protocol.attr import Attr
 
+from .._trio import trio_test
 from ..conftest import require
 
 SECRET = b"the secret outside the export " * 10
@@ -644,3 +646,35 @@ def test_no_hostile_path_reaches_outside_the_export(steps: list[tuple[str, str, 
     finally:
         ex.close()
         shutil.rmtree(base)
+
+
+# ---------------------------------------------------------------- short writes
+
+
+@trio_test
+async def test_a_write_cut_short_by_a_full_disk_returns_what_landed(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a file system that takes RWF_NOWAIT writes (xfs, btrfs) the part that could not be written
+    without waiting goes to a worker thread; if the disk fills there, the write returns the bytes
+    the first part stored (a short write), never an error that hides them."""
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    real_pwritev = os.pwritev
+
+    def nowait_then_full(fd: int, buffers: list[bytes], offset: int, flags: int = 0) -> int:
+        return real_pwritev(fd, [buffers[0][:1000]], offset)  # as xfs: some pages without waiting
+
+    def full(*args: Any) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(export_module, "_nowait_writes", True)
+    monkeypatch.setattr(os, "pwritev", nowait_then_full)
+    monkeypatch.setattr(os, "pwrite", full)
+    try:
+        assert await export_module.pwrite(fd, b"x" * 5000, 0) == 1000
+        assert os.fstat(fd).st_size == 1000
+        monkeypatch.setattr(os, "pwritev", lambda *args: (_ for _ in ()).throw(OSError(errno.EAGAIN, "would block")))
+        with pytest.raises(OSError) as info:  # nothing landed: the error
+            await export_module.pwrite(fd, b"x" * 5000, 1000)
+        assert info.value.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
