@@ -375,28 +375,38 @@ class Export:
     # -- extended attributes (user namespace of the holder's file) ----------
 
     @contextmanager
-    def _xattr_fd(self, path: str) -> Iterator[int]:
+    def _xattr_target(self, path: str) -> Iterator[tuple[int | str, bool]]:
+        """What the xattr calls act on: (descriptor of the file, True), or for a symlink --
+        which cannot be opened without following it -- (its path through this process's
+        descriptor of its walked directory, False): the l*xattr calls then act on the link
+        itself, as on any file system (`ls -l` asks for security.selinux on every symlink)."""
         parts = split_path(path)
         with self._dir(parts[:-1]) as parent:
             name = parts[-1] if parts else "."
-            fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise
+                yield f"/proc/self/fd/{parent}/{name}", False  # the symlink, never its target
+                return
         try:
-            yield fd
+            yield fd, True
         finally:
             os.close(fd)
 
     def getxattr(self, path: str, name: str) -> bytes:
-        with self._xattr_fd(path) as fd:
-            return os.getxattr(fd, name)
+        with self._xattr_target(path) as (target, follow):
+            return os.getxattr(target, name, follow_symlinks=follow)
 
     def setxattr(self, path: str, name: str, value: bytes) -> None:
-        with self._xattr_fd(path) as fd:
-            os.setxattr(fd, name, value)
+        with self._xattr_target(path) as (target, follow):
+            os.setxattr(target, name, value, follow_symlinks=follow)
 
     def listxattr(self, path: str) -> list[str]:
-        with self._xattr_fd(path) as fd:
-            return os.listxattr(fd)
+        with self._xattr_target(path) as (target, follow):
+            return os.listxattr(target, follow_symlinks=follow)
 
     def removexattr(self, path: str, name: str) -> None:
-        with self._xattr_fd(path) as fd:
-            os.removexattr(fd, name)
+        with self._xattr_target(path) as (target, follow):
+            os.removexattr(target, name, follow_symlinks=follow)

@@ -643,8 +643,10 @@ class Namespace:
         location = await self.lookup(path)
         try:
             names = await self.peers.ask(location.node, msg.Listxattr(path))
-        except OSError:
-            names = []
+        except OSError as exc:
+            if exc.errno != errno.EOPNOTSUPP:
+                raise  # a holder's error is no empty list: `getfattr`, `cp -a` must hear of it
+            names = []  # the holder's file system keeps no extended attributes
         virtual = [n for n in VIRTUAL_XATTRS if n != "user.gmount.local_path" or location.node == self.me]
         return virtual + [n for n in names if not n.startswith(XATTR_PREFIX)]
 

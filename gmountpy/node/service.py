@@ -218,6 +218,20 @@ class IOCounters:
         return counts
 
 
+def _settable_xattr(name: Any) -> str:
+    """Only `user.*` attributes may be set or removed on a peer's request.
+
+    trusted.* and security.* (file capabilities, SELinux labels) need privileges on the
+    holder: a daemon running as root would set them for any peer, and for any user of an
+    allow_other mount. system.posix_acl_* would not be enforced through the mount (the
+    kernel checks mode bits there), so ACLs are refused as by a file system without them.
+    """
+    if not isinstance(name, str) or not name.startswith("user."):
+        raise OSError(errno.EOPNOTSUPP, f"extended attribute {name!r}: only user.* attributes can be set or removed "
+                                        "through gmount (see docs/posix.md)")
+    return name
+
+
 def _int(value: Any, name: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name} must be an integer, not {type(value).__name__}")
@@ -459,13 +473,13 @@ class NodeService:
         return self.export.getxattr(path, name)
 
     def op_setxattr(self, path: str, name: str, value: bytes) -> None:
-        self.export.setxattr(path, name, value)
+        self.export.setxattr(path, _settable_xattr(name), value)
 
     def op_listxattr(self, path: str) -> list[str]:
         return self.export.listxattr(path)
 
     def op_removexattr(self, path: str, name: str) -> None:
-        self.export.removexattr(path, name)
+        self.export.removexattr(path, _settable_xattr(name))
 
     # -- file data, through handles owned by the connection ----------------
 

@@ -418,6 +418,37 @@ async def test_virtual_xattrs(tmp_path: Path) -> None:
 
 
 @trio_test
+async def test_a_holders_error_on_listxattr_is_an_error_not_an_empty_list(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path) as cluster:
+        cluster["n3"].put("/lx/f", b"")
+        ns = cluster["n1"].namespace
+        assert "user.gmount.where" in await ns.listxattr("/lx/f")
+        cluster["n3"].fail["listxattr"] = errno.EIO  # the holder's disk fails
+        with pytest.raises(OSError) as info:
+            await ns.listxattr("/lx/f")
+        assert_errno(info, errno.EIO)
+        cluster["n3"].fail["listxattr"] = errno.EOPNOTSUPP  # a file system without xattrs: none to list
+        assert "user.project" not in await ns.listxattr("/lx/f")
+
+
+@trio_test
+async def test_peers_may_set_and_remove_only_user_xattrs(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path) as cluster:
+        path = cluster["n3"].put("/sx/f", b"")
+        call = cluster["n1"].pool.call
+        await call("n3", "setxattr", "/sx/f", "user.ok", b"1")
+        for name in ("trusted.overlay.opaque", "security.capability", "system.posix_acl_access", "user"):
+            with pytest.raises(OSError) as info:
+                await call("n3", "setxattr", "/sx/f", name, b"1")
+            assert_errno(info, errno.EOPNOTSUPP)
+        os.setxattr(path, "trusted.keep", b"1")
+        with pytest.raises(OSError) as info:
+            await call("n3", "removexattr", "/sx/f", "trusted.keep")
+        assert_errno(info, errno.EOPNOTSUPP)
+        assert sorted(os.listxattr(path)) == ["trusted.keep", "user.ok"]
+
+
+@trio_test
 async def test_real_xattrs_live_at_the_holder_and_gmount_names_are_read_only(tmp_path: Path) -> None:
     async with open_cluster(tmp_path) as cluster:
         cluster["n3"].put("/x/f", b"")
