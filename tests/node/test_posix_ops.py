@@ -325,3 +325,29 @@ def test_only_user_xattrs_can_be_set_through_the_mount(cluster4: LocalCluster, h
     assert os.getxattr(cluster4.export(holder) / name, "trusted.gmount-test") == b"1"
     os.removexattr(through, "user.color")
 
+
+# -- directory renames across nodes ----------------------------------------------------
+
+
+def test_mv_of_a_directory_that_one_holder_cannot_rename_leaves_it_whole(cluster4: LocalCluster) -> None:
+    """`mv` of a directory that n1 and n3 both have, where n3's rename(2) fails (its copy is a
+    mountpoint there: EBUSY): n1's rename is undone, the directory keeps its name everywhere."""
+    if os.geteuid() != 0:
+        require("a mount inside an export (needs root)", "not root")
+    name, renamed = unique("busy"), unique("renamed")
+    (cluster4.export("n1") / name).mkdir()
+    (cluster4.export("n1") / name / "a.txt").write_text("on n1")
+    busy = cluster4.export("n3") / name
+    busy.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "gmount-test-busy", str(busy)], check=True)
+    try:
+        (busy / "b.txt").write_text("on n3")
+        cluster4.rescan("n1", "n3")
+        moved = subprocess.run(["mv", str(cluster4.mount("n1") / name), str(cluster4.mount("n1") / renamed)],
+                               capture_output=True, text=True, check=False)
+        assert moved.returncode != 0 and "busy" in moved.stderr.lower(), moved
+        assert (cluster4.export("n1") / name / "a.txt").read_text() == "on n1"
+        assert not (cluster4.export("n1") / renamed).exists()
+        assert wait_for(lambda: sorted(os.listdir(cluster4.mount("n2") / name)) == ["a.txt", "b.txt"])
+    finally:
+        subprocess.run(["umount", "-l", str(busy)], check=False)
