@@ -44,6 +44,27 @@ class Files:
                               f"(nodes: {', '.join(self._view.state.spec.nodes)})")
         return self._ask_each(names, msg.Rescan())
 
+    def answering(self, nodes: Iterable[str | Node] | None, timeout: float) -> tuple[str, ...]:
+        names = list(self._view.state.spec.nodes) if nodes is None else [self._view.node_name(n) for n in nodes]
+
+        async def main(client: ClusterClient) -> tuple[str, ...]:
+            alive: set[str] = set()
+
+            async def one(node: str) -> None:
+                try:
+                    with trio.fail_after(timeout):
+                        await client.ask(node, msg.Ping(), timeout=timeout)
+                except (OSError, GmountError, trio.TooSlowError):
+                    return
+                alive.add(node)
+
+            async with open_nursery() as nursery:
+                for node in names:
+                    nursery.start_soon(one, node)
+            return tuple(node for node in names if node in alive)
+
+        return self._requests.run(main)
+
     def _ask_each(self, names: list[str], request: msg.Request[_T]) -> dict[str, _T]:
         """The same request to each node, all at once; the answers in the order of `names`."""
 
