@@ -52,8 +52,9 @@ def test_names_up_to_255_bytes_write_read_and_copy_back(cluster4: LocalCluster, 
         data = name.encode() * 3
         assert c.write_bytes(f"/w-long/{name}", data, on="n3") == "n3"
         assert (cluster4.export("n3") / "w-long" / name).read_bytes() == data
-        assert wait_for(lambda: (cluster4.mount("n1") / "w-long" / name).is_file(), timeout=5)
-        assert (cluster4.mount("n1") / "w-long" / name).read_bytes() == data
+        through = cluster4.mount("n1") / "w-long" / name
+        assert wait_for(through.is_file, timeout=5)
+        assert through.read_bytes() == data
         assert c.get(f"/w-long/{name}", tmp_path / name) == (len(data), hashlib.sha256(data).hexdigest())
         assert (tmp_path / name).read_bytes() == data
     assert [p.name for p in tmp_path.iterdir() if "gmount-get" in p.name] == []
