@@ -508,9 +508,18 @@ def check_mountpoint(path):
         return "mountpoint %s is not usable (%s)" % (path, e.strerror)
     if entries:
         return "mountpoint %s is not empty: choose an empty directory" % path
-    if not os.access(path, os.W_OK | os.X_OK):
+    if not os.access(path, os.W_OK | os.X_OK) and not sealed(path):
         return "mountpoint %s is not writable by this user (FUSE needs that to mount on it)" % path
     return None
+
+def sealed(path):
+    # left unwritable under a mount by a daemon that died (gmountpy.node.directories.MODE_XATTR):
+    # the next daemon unseals it to mount
+    try:
+        os.getxattr(path, "user.gmount.mountpoint_mode")
+        return True
+    except (OSError, AttributeError):
+        return False
 
 def check_listen(host, port):
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
