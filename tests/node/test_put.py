@@ -146,7 +146,7 @@ async def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> Non
 async def test_put_opens_closes_and_aborts_in_worker_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A slow disk under put_open (create, mkdir -p), put_close (rename) and put_abort (unlink)
     delays only that put: the node keeps answering everyone else meanwhile."""
-    slow = 0.6
+    slow = 1.0
 
     def slowly(real: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
