@@ -44,6 +44,23 @@ def test_rewriting_replaces_the_file_on_its_holder_and_drops_twins(cluster4: Loc
     assert holders(cluster4, "/w-twin/f.txt") == ["n4"]
 
 
+def test_names_up_to_255_bytes_write_read_and_copy_back(cluster4: LocalCluster, tmp_path: Path) -> None:
+    """Any name the disk takes, the API takes: the temporary files of a put (on the holder) and of a
+    get (beside the local copy) are named to fit NAME_MAX whatever the final name."""
+    c = Cluster.open(cluster4.spec.name)
+    for name in ("L" * 255, "é" * 127, "m" * 235):
+        data = name.encode() * 3
+        assert c.write_bytes(f"/w-long/{name}", data, on="n3") == "n3"
+        assert (cluster4.export("n3") / "w-long" / name).read_bytes() == data
+        through = cluster4.mount("n1") / "w-long" / name
+        assert wait_for(through.is_file, timeout=5)
+        assert through.read_bytes() == data
+        assert c.get(f"/w-long/{name}", tmp_path / name) == (len(data), hashlib.sha256(data).hexdigest())
+        assert (tmp_path / name).read_bytes() == data
+    assert [p.name for p in tmp_path.iterdir() if "gmount-get" in p.name] == []
+    assert [p.name for p in (cluster4.export("n3") / "w-long").iterdir() if "gmount-put" in p.name] == []
+
+
 def test_put_get_mkdir_remove(cluster4: LocalCluster, tmp_path: Path) -> None:
     c = Cluster.open(cluster4.spec.name)
     local = tmp_path / "in.bin"

@@ -193,6 +193,12 @@ class Cluster:
         from .. import launch
         return ClusterStatus(self.name, tuple(blocking(launch.status, self.name)))
 
+    def answering(self, nodes: Iterable[str | Node] | None = None, *, timeout: float = 3.0) -> tuple[str, ...]:
+        """The nodes (of `nodes`, default all) whose daemons answer a ping within `timeout` seconds now,
+        in the order given. Cheap (one round trip each, all at once): for callers that must place
+        work on nodes that are up, such as the Pegasus site selector."""
+        return self._files.answering(nodes, timeout)
+
     def counters(self) -> dict[str, dict[str, int]]:
         """Bytes each node moved since its daemon started, local vs remote, per node.
 

@@ -7,7 +7,6 @@ import dataclasses
 import errno
 import hashlib
 import os
-import threading
 from collections.abc import Iterable
 from typing import IO, TypeVar
 
@@ -15,6 +14,7 @@ import trio
 
 from .._trio import open_nursery
 from ..errors import GmountError
+from ..node.export import temporary_name
 from ..protocol import messages as msg
 from ..protocol.client import ClusterClient
 from .paths import PathLike, Paths, as_list
@@ -43,6 +43,27 @@ class Files:
             raise GmountError(f"no node {unknown[0]!r} in cluster {self._view.state.name!r} "
                               f"(nodes: {', '.join(self._view.state.spec.nodes)})")
         return self._ask_each(names, msg.Rescan())
+
+    def answering(self, nodes: Iterable[str | Node] | None, timeout: float) -> tuple[str, ...]:
+        names = list(self._view.state.spec.nodes) if nodes is None else [self._view.node_name(n) for n in nodes]
+
+        async def main(client: ClusterClient) -> tuple[str, ...]:
+            alive: set[str] = set()
+
+            async def one(node: str) -> None:
+                try:
+                    with trio.fail_after(timeout):
+                        await client.ask(node, msg.Ping(), timeout=timeout)
+                except (OSError, GmountError, trio.TooSlowError):
+                    return
+                alive.add(node)
+
+            async with open_nursery() as nursery:
+                for node in names:
+                    nursery.start_soon(one, node)
+            return tuple(node for node in names if node in alive)
+
+        return self._requests.run(main)
 
     def _ask_each(self, names: list[str], request: msg.Request[_T]) -> dict[str, _T]:
         """The same request to each node, all at once; the answers in the order of `names`."""
@@ -149,7 +170,7 @@ class Files:
     def get(self, path: PathLike, local: PathLike, from_node: str | Node | None = None) -> tuple[int, str]:
         ns_path, asking = self._paths.resolve(path, from_node)
         target = os.fspath(local)
-        temporary = f"{target}.gmount-get-{os.getpid()}-{threading.get_ident()}"
+        temporary = temporary_name(target, "get")  # beside it, fitting NAME_MAX whatever its name
 
         async def main(client: ClusterClient) -> tuple[int, str]:
             holder = readable_holder(await self._requests.where(client, asking, ns_path))

@@ -508,9 +508,18 @@ def check_mountpoint(path):
         return "mountpoint %s is not usable (%s)" % (path, e.strerror)
     if entries:
         return "mountpoint %s is not empty: choose an empty directory" % path
-    if not os.access(path, os.W_OK | os.X_OK):
+    if not os.access(path, os.W_OK | os.X_OK) and not sealed(path):
         return "mountpoint %s is not writable by this user (FUSE needs that to mount on it)" % path
     return None
+
+def sealed(path):
+    # left unwritable under a mount by a daemon that died (gmountpy.node.directories.MODE_XATTR):
+    # the next daemon unseals it to mount
+    try:
+        os.getxattr(path, "user.gmount.mountpoint_mode")
+        return True
+    except (OSError, AttributeError):
+        return False
 
 def check_listen(host, port):
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -616,6 +625,11 @@ unmount() {
     else echo "GMOUNT UNMOUNT-FAILED $1 $(echo "$out" | tr '\n' ' ')"; fi
   fi
 }
+unseal() {
+  # the directory a dead daemon's mount covered is unwritable (node.directories): writable again
+  if ! is_mounted "$2" && [ -d "$1" ]; then chattr -i "$1" 2>/dev/null; chmod u+w "$1" 2>/dev/null; fi
+  return 0
+}
 check() {
   a=0; m=0
   if [ "$2" -gt 0 ] && ours "$2"; then a=1; fi
@@ -625,19 +639,23 @@ check() {
 '''
 
 
-def _stop_script(entries: Sequence[tuple[NodeSpec, Sequence[int]]], timeout: float) -> str:
+def _stop_script(entries: Sequence[tuple[NodeSpec, Sequence[int]]], timeout: float, unseal: bool = False) -> str:
+    """Stop the daemons, unmount what stays mounted; with `unseal`, make the mountpoints writable
+    again (a daemon that stops unseals its own; one that died cannot)."""
     pairs = " ".join(f"{node.name}:{pid}" for node, pids in entries for pid in pids if pid > 0)
     lines = [_SH_FUNCTIONS, f"term {pairs}", f"settle {max(1, int(timeout * 10))} {pairs}"]
     for node, _ in entries:
-        lines.append(f"unmount {node.name} {shlex.quote(node.mountpoint)} "
-                     f"{shlex.quote(_mounts_escape(node.mountpoint))}")
+        mountpoint, escaped = shlex.quote(node.mountpoint), shlex.quote(_mounts_escape(node.mountpoint))
+        lines.append(f"unmount {node.name} {mountpoint} {escaped}")
+        if unseal:
+            lines.append(f"unseal {mountpoint} {escaped}")
     return "\n".join(lines) + "\n"
 
 
 async def _stop_on_link(link: _Link, entries: Sequence[tuple[NodeSpec, Sequence[int]]],
-                        timeout: float) -> dict[str, str | None]:
+                        timeout: float, unseal: bool = False) -> dict[str, str | None]:
     """Stop daemons on one host; node -> problem (None when it is stopped and unmounted)."""
-    result = await link.run("sh", _stop_script(entries, timeout), timeout=timeout + 30.0)
+    result = await link.run("sh", _stop_script(entries, timeout, unseal), timeout=timeout + 30.0)
     answer: dict[str, str | None] = {node.name: None for node, _ in entries}
     for line in str(result.stdout or "").splitlines():
         parts = line.split(" ", 3)
@@ -655,8 +673,11 @@ async def _stop_on_link(link: _Link, entries: Sequence[tuple[NodeSpec, Sequence[
 
 
 async def stop_ssh_cluster(state: ClusterState, *, progress: Progress | None = None,
-                           timeout: float = 15.0) -> tuple[dict[str, str], set[str]]:
+                           timeout: float = 15.0, unseal: bool = True) -> tuple[dict[str, str], set[str]]:
     """Stop every daemon of a cluster over SSH and unmount; never touches exports.
+
+    `unseal` makes a dead daemon's mountpoint writable again: not when the cluster is about to
+    start again (its directory stays unwritable until the new daemon mounts, node.directories).
 
     Returns (node -> problem, unreachable nodes). Safe to run twice: a daemon
     that is gone and a mountpoint that is not mounted are simply skipped.
@@ -682,7 +703,7 @@ async def stop_ssh_cluster(state: ClusterState, *, progress: Progress | None = N
                 return
             entries = [(node, [state.nodes[node.name].pid]) for node in link.nodes]
             try:
-                answers = await _stop_on_link(link, entries, timeout)
+                answers = await _stop_on_link(link, entries, timeout, unseal)
             except GmountError as exc:
                 answers = {node.name: str(exc) for node in link.nodes}
                 unreachable.update(answers)

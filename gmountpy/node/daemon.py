@@ -44,7 +44,7 @@ from ..protocol import rpc
 from ..protocol.tls import NodeCredentials, certificate_problem, client_context, server_context
 from . import readahead
 from .control import NodeControl
-from .directories import directory_problems
+from .directories import MountpointSeal, directory_problems
 from .export import Export
 from .fuse import GmountOperations
 from .index import DirectoryIndex, ExportWatcher, Homes, IndexLocator
@@ -218,7 +218,13 @@ class NodeDaemon:
             options.add("subtype=gmount")
             if self.spec.allow_other:
                 options.add("allow_other")  # with default_permissions: the kernel checks modes
-            pyfuse3.init(ops, self.node.mountpoint, options)
+            seal = MountpointSeal(self.node.mountpoint)  # the directory under the mount, unwritable while mounted
+            try:
+                pyfuse3.init(ops, self.node.mountpoint, options)
+            except BaseException:
+                seal.close()
+                raise
+            seal.seal()
             try:
                 log.info("node %s mounted %s (export %s)", self.me, self.node.mountpoint, self.node.export)
                 _say(out, "READY", {"pid": os.getpid(), "mountpoint": self.node.mountpoint})
@@ -250,6 +256,7 @@ class NodeDaemon:
             finally:
                 with trio.CancelScope(shield=True):
                     pyfuse3.close(unmount=True)
+                    seal.unseal()
                     log.info("node %s unmounted %s", self.me, self.node.mountpoint)
                 nursery.cancel_scope.cancel()
             await pool.aclose()

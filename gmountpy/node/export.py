@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -99,16 +100,40 @@ async def pwrite(fd: int, data: bytes, offset: int) -> int:
     if _nowait_writes:
         try:
             written = os.pwritev(fd, [data], offset, os.RWF_NOWAIT)
-            if written == len(data):
-                return written
-            offset, data = offset + written, data[written:]
-            return written + await off_loop(os.pwrite, fd, data, offset)
         except OSError as exc:
             if exc.errno == errno.EOPNOTSUPP:
                 _nowait_writes = False
             elif exc.errno != errno.EAGAIN:
                 raise
+        else:
+            if written == len(data):
+                return written
+            try:
+                return written + await off_loop(os.pwrite, fd, data[written:], offset + written)
+            except OSError:
+                if written:
+                    return written  # a short write (POSIX): the bytes that did land, not an error
+                raise
     return await off_loop(os.pwrite, fd, data, offset)
+
+
+#: The longest file name (in bytes) the file systems under an export take.
+NAME_MAX = 255
+
+
+def temporary_name(path: str, kind: str) -> str:
+    """A hidden name beside `path` for a file being written, `.NAME.gmount-KIND-XXXXXXXX`.
+
+    NAME is cut (at a character boundary) so the whole name fits NAME_MAX, so any name that
+    fits gets a temporary that fits too.
+    """
+    directory, slash, name = path.rpartition("/")
+    suffix = f".gmount-{kind}-{uuid.uuid4().hex[:8]}"
+    room = NAME_MAX - 1 - len(suffix)
+    raw = name.encode("utf-8", "surrogateescape")
+    if len(raw) > room:
+        name = raw[:room].decode("utf-8", "ignore")
+    return f"{directory}{slash}.{name}{suffix}"
 
 
 def open_special_safely(open_call: Callable[[int], int], flags: int) -> int:
@@ -163,12 +188,15 @@ class Export:
     # -- walking -----------------------------------------------------------
 
     @contextmanager
-    def _dir(self, parts: list[str], create: bool = False) -> Iterator[int]:
-        """A descriptor of the directory named by `parts`, walked without following symlinks."""
+    def _dir(self, parts: list[str], create: bool = False, made: list[str] | None = None) -> Iterator[int]:
+        """A descriptor of the directory named by `parts`, walked without following symlinks.
+
+        With `create`, missing directories are made; their paths are appended to `made`.
+        """
         fd = self._root_fd
         opened: list[int] = []
         try:
-            for part in parts:
+            for depth, part in enumerate(parts):
                 try:
                     fd = os.open(part, _WALK_FLAGS, dir_fd=fd)
                 except FileNotFoundError:
@@ -176,6 +204,8 @@ class Export:
                         raise
                     try:
                         os.mkdir(part, 0o755, dir_fd=fd)
+                        if made is not None:
+                            made.append("/" + "/".join(parts[:depth + 1]))
                     except FileExistsError:
                         pass
                     fd = os.open(part, _WALK_FLAGS, dir_fd=fd)
@@ -190,11 +220,11 @@ class Export:
                 os.close(each)
 
     @contextmanager
-    def _parent(self, path: str, create: bool = False) -> Iterator[tuple[int, str]]:
+    def _parent(self, path: str, create: bool = False, made: list[str] | None = None) -> Iterator[tuple[int, str]]:
         parts = split_path(path)
         if not parts:
             raise OSError(errno.EBUSY, "the export root cannot be changed this way")
-        with self._dir(parts[:-1], create) as fd:
+        with self._dir(parts[:-1], create, made) as fd:
             yield fd, parts[-1]
 
     def local_path(self, path: str) -> str:
@@ -244,9 +274,9 @@ class Export:
             return open_special_safely(
                 lambda how: os.open(name, how, dir_fd=fd), (flags & _OPEN_MASK) | os.O_NOFOLLOW | os.O_CLOEXEC)
 
-    def create(self, path: str, flags: int, mode: int, parents: bool = True) -> int:
-        """Create (or open) a file, making missing parent directories in this export."""
-        with self._parent(path, create=parents) as (fd, name):
+    def create(self, path: str, flags: int, mode: int, parents: bool = True, made: list[str] | None = None) -> int:
+        """Create (or open) a file, making missing parent directories in this export (listed in `made`)."""
+        with self._parent(path, create=parents, made=made) as (fd, name):
             return open_special_safely(
                 lambda how: os.open(name, how, mode, dir_fd=fd),
                 (flags & _OPEN_MASK) | os.O_CREAT | (flags & os.O_EXCL) | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -311,6 +341,12 @@ class Export:
         finally:
             os.close(fd)
 
+    def sync_parents(self, path: str, made: list[str]) -> None:
+        """fsync `path`'s directory and the directory of each of `made` (directories made for it):
+        after a crash the file is there under its name, and so is every directory leading to it."""
+        for each in sorted({path, *made}, key=lambda p: -p.count("/")):
+            self.sync_parent(each)
+
     def chmod(self, path: str, mode: int) -> Attr:
         with self._parent(path) as (fd, name):
             try:
@@ -339,28 +375,38 @@ class Export:
     # -- extended attributes (user namespace of the holder's file) ----------
 
     @contextmanager
-    def _xattr_fd(self, path: str) -> Iterator[int]:
+    def _xattr_target(self, path: str) -> Iterator[tuple[int | str, bool]]:
+        """What the xattr calls act on: (descriptor of the file, True), or for a symlink --
+        which cannot be opened without following it -- (its path through this process's
+        descriptor of its walked directory, False): the l*xattr calls then act on the link
+        itself, as on any file system (`ls -l` asks for security.selinux on every symlink)."""
         parts = split_path(path)
         with self._dir(parts[:-1]) as parent:
             name = parts[-1] if parts else "."
-            fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise
+                yield f"/proc/self/fd/{parent}/{name}", False  # the symlink, never its target
+                return
         try:
-            yield fd
+            yield fd, True
         finally:
             os.close(fd)
 
     def getxattr(self, path: str, name: str) -> bytes:
-        with self._xattr_fd(path) as fd:
-            return os.getxattr(fd, name)
+        with self._xattr_target(path) as (target, follow):
+            return os.getxattr(target, name, follow_symlinks=follow)
 
     def setxattr(self, path: str, name: str, value: bytes) -> None:
-        with self._xattr_fd(path) as fd:
-            os.setxattr(fd, name, value)
+        with self._xattr_target(path) as (target, follow):
+            os.setxattr(target, name, value, follow_symlinks=follow)
 
     def listxattr(self, path: str) -> list[str]:
-        with self._xattr_fd(path) as fd:
-            return os.listxattr(fd)
+        with self._xattr_target(path) as (target, follow):
+            return os.listxattr(target, follow_symlinks=follow)
 
     def removexattr(self, path: str, name: str) -> None:
-        with self._xattr_fd(path) as fd:
-            os.removexattr(fd, name)
+        with self._xattr_target(path) as (target, follow):
+            os.removexattr(target, name, follow_symlinks=follow)

@@ -369,10 +369,27 @@ class GmountOperations(pyfuse3.Operations):
                      ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         path = self._child(parent_inode, name)
         handle = await self.ns.create(path, flags, mode & ~ctx.umask)
-        handle.attr = await self._give_to_caller(path, handle.attr, ctx)
-        inode = self.inodes.remember(path)
-        entry = self._entry(inode, handle.attr)
-        return await self._file_info(inode, handle), entry
+        inode: int | None = None
+        try:
+            handle.attr = await self._give_to_caller(path, handle.attr, ctx)
+            inode = self.inodes.remember(path)
+            entry = self._entry(inode, handle.attr)
+            return await self._file_info(inode, handle), entry
+        except BaseException:
+            # The kernel gets neither the entry nor the handle, so it never forgets or releases
+            # them: take the lookup back and close the file here (it stays made, as a failed
+            # open(O_CREAT) may leave it).
+            if inode is not None:
+                self.inodes.forget(inode, 1)
+            with trio.CancelScope(shield=True):
+                await self._release_unused(handle)
+            raise
+
+    async def _release_unused(self, handle: FileHandle) -> None:
+        try:
+            await self.ns.release(handle)
+        except Exception as exc:
+            log.warning("could not close %s after its create failed: %s", handle.path, exc)
 
     @_fuse_errors
     async def read(self, fh: int, off: int, size: int) -> bytes:

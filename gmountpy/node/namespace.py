@@ -351,7 +351,15 @@ class Namespace:
         view = memoryview(data)
         while written < len(data):
             piece = bytes(view[written:written + MAX_IO])
-            written += await self.peers.ask(handle.node, msg.Write(handle.remote_handle, offset + written, piece))
+            try:
+                wrote = await self.peers.ask(handle.node, msg.Write(handle.remote_handle, offset + written, piece))
+            except OSError:
+                if written:
+                    return written  # a short write (POSIX): what landed, not an error -- a retry must not repeat it
+                raise
+            written += wrote
+            if wrote < len(piece):
+                break  # the holder wrote less (a full disk): say so, as write(2) would
         return written
 
     async def fsync(self, handle: FileHandle, datasync: bool) -> None:
@@ -562,9 +570,33 @@ class Namespace:
         for target in targets:  # rename(2) semantics: check everywhere first, then change anything
             if await self.peers.ask(target.node, msg.Listdir(dst)):
                 raise OSError(errno.ENOTEMPTY, f"{dst} is not empty (on node {target.node})")
-        for location in sources:
-            if location.attr.is_dir:
-                await self.peers.ask(location.node, msg.Rename(src, dst))
+        renamed: list[str] = []
+        for node in [loc.node for loc in sources if loc.attr.is_dir]:
+            try:
+                await self.peers.ask(node, msg.Rename(src, dst))
+            except BaseException as exc:
+                with trio.CancelScope(shield=True):
+                    await self._undo_dir_rename(src, dst, node, renamed, exc)
+                raise
+            renamed.append(node)
+
+    async def _undo_dir_rename(self, src: str, dst: str, failed: str, renamed: list[str], why: BaseException) -> None:
+        """A directory rename failed on node `failed` after it succeeded on `renamed`: rename those
+        back, so the directory keeps one name (the old one). If one cannot be renamed back, the
+        error says which nodes hold which name (docs/failures.md)."""
+        split: list[str] = []
+        for node in reversed(renamed):
+            try:
+                await self.peers.ask(node, msg.Rename(dst, src))
+            except OSError as exc:
+                log.warning("could not rename %s back to %s on node %s after the rename failed on %s: %s",
+                            dst, src, node, failed, exc)
+                split.append(node)
+        if split:
+            raise OSError(errno.EIO, f"renaming directory {src} to {dst} failed on node {failed} ({why}) and could "
+                                     f"not be undone on {', '.join(split)}: the directory is {dst} there and {src} "
+                                     f"on the other nodes; rename it in the exports of those nodes by hand "
+                                     f"(see docs/failures.md)") from None
 
     async def setattr(self, path: str, *, mode: int | None = None, size: int | None = None,
                       atime_ns: int | None = None, mtime_ns: int | None = None,
@@ -635,8 +667,10 @@ class Namespace:
         location = await self.lookup(path)
         try:
             names = await self.peers.ask(location.node, msg.Listxattr(path))
-        except OSError:
-            names = []
+        except OSError as exc:
+            if exc.errno != errno.EOPNOTSUPP:
+                raise  # a holder's error is no empty list: `getfattr`, `cp -a` must hear of it
+            names = []  # the holder's file system keeps no extended attributes
         virtual = [n for n in VIRTUAL_XATTRS if n != "user.gmount.local_path" or location.node == self.me]
         return virtual + [n for n in names if not n.startswith(XATTR_PREFIX)]
 

@@ -13,16 +13,18 @@ import hashlib
 import inspect
 import logging
 import os
-import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
+
+import trio
 
 from ..cluster.config import Tuning
 from ..protocol.attr import Attr
 from ..protocol.rpc import BadRequest, Session, check_arguments
-from .export import Export, off_loop, pread, pwrite, split_path
+from .export import Export, off_loop, pread, pwrite, split_path, temporary_name
 from .replicas import STAGED_XATTR, Replica, ReplicaTable, is_marked_copy
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,15 @@ class _NodeUsage:
         self.listings = 0
 
 
+@dataclass(frozen=True)
+class _Put:
+    """A put in progress: the file it makes, its temporary beside it, the directories made for it."""
+
+    path: str
+    temporary: str
+    made: tuple[str, ...]
+
+
 class _Handles:
     """Descriptors opened on behalf of one peer connection.
 
@@ -71,7 +82,7 @@ class _Handles:
     def __init__(self, usage: _NodeUsage | None = None) -> None:
         self.fds: dict[int, int] = {}
         self.listings: dict[int, Sequence[Any]] = {}  # directory snapshots being paged through
-        self.puts: dict[int, tuple[str, str]] = {}  # put handle -> (path, temporary file beside it)
+        self.puts: dict[int, _Put] = {}  # put handle -> what it writes
         self.next = 1
         self.usage = usage or _NodeUsage("this node", Tuning())
         self._busy: dict[int, int] = {}      # handle -> calls running on it
@@ -98,6 +109,10 @@ class _Handles:
             self._closing[handle] = fd
         else:
             os.close(fd)
+
+    def calls_running(self, handle: int) -> int:
+        """Calls on `handle` running now (in a worker thread, or waiting for one)."""
+        return self._busy.get(handle, 0)
 
     def check_room_for_file(self) -> None:
         """EMFILE naming the limit, before anything is opened."""
@@ -201,6 +216,20 @@ class IOCounters:
         counts["messages_sent"] = sum(self.messages.values())
         counts.update({f"messages.{op}": n for op, n in sorted(self.messages.items())})
         return counts
+
+
+def _settable_xattr(name: Any) -> str:
+    """Only `user.*` attributes may be set or removed on a peer's request.
+
+    trusted.* and security.* (file capabilities, SELinux labels) need privileges on the
+    holder: a daemon running as root would set them for any peer, and for any user of an
+    allow_other mount. system.posix_acl_* would not be enforced through the mount (the
+    kernel checks mode bits there), so ACLs are refused as by a file system without them.
+    """
+    if not isinstance(name, str) or not name.startswith("user."):
+        raise OSError(errno.EOPNOTSUPP, f"extended attribute {name!r}: only user.* attributes can be set or removed "
+                                        "through gmount (see docs/posix.md)")
+    return name
 
 
 def _int(value: Any, name: str) -> int:
@@ -446,13 +475,13 @@ class NodeService:
         return self.export.getxattr(path, name)
 
     def op_setxattr(self, path: str, name: str, value: bytes) -> None:
-        self.export.setxattr(path, name, value)
+        self.export.setxattr(path, _settable_xattr(name), value)
 
     def op_listxattr(self, path: str) -> list[str]:
         return self.export.listxattr(path)
 
     def op_removexattr(self, path: str, name: str) -> None:
-        self.export.removexattr(path, name)
+        self.export.removexattr(path, _settable_xattr(name))
 
     # -- file data, through handles owned by the connection ----------------
 
@@ -509,57 +538,70 @@ class NodeService:
     # put_open makes a hidden temporary file beside the destination (parents made
     # here), the data comes with `write` on that handle, and put_close checks size
     # and SHA-256 of what landed on disk before renaming it into place, so a
-    # reader never sees a half-written file and a failed put leaves nothing.
+    # reader never sees a half-written file and a failed put leaves nothing. Every
+    # disk call runs in a worker thread; a finished put is durable (the file, its
+    # directory and any directory made for it are fsynced) before put_close answers.
+    # A descriptor is closed only once no call on it is running: a write still
+    # waiting for a disk thread when the put is given up must not land in whatever
+    # file is opened next under the same descriptor number.
 
-    def op_put_open(self, handles: _Handles, path: str, mode: int) -> int:
+    async def op_put_open(self, handles: _Handles, path: str, mode: int) -> int:
         """Start writing `path` into this export; the handle takes `write` calls."""
         if not split_path(path):
             raise OSError(errno.EISDIR, "/ is the export root, not a file")
-        directory, _, name = path.rpartition("/")
-        temporary = f"{directory}/.{name}.gmount-put-{uuid.uuid4().hex[:8]}"
+        temporary = temporary_name(path, "put")
         handles.check_room_for_file()
-        fd = self.export.create(temporary, os.O_RDWR | os.O_EXCL, _int(mode, "mode") & 0o7777)
+        made: list[str] = []
+        fd = await off_loop(self.export.create, temporary, os.O_RDWR | os.O_EXCL, _int(mode, "mode") & 0o7777,
+                            True, made)
         handle = handles.add(fd)
-        handles.puts[handle] = (path, temporary)
+        handles.puts[handle] = _Put(path, temporary, tuple(made))
         return handle
 
     async def op_put_close(self, handles: _Handles, handle: int, size: int, sha256: str) -> Attr:
         """Finish a put: verify what is on disk against (size, sha256), then rename it into place."""
-        path, temporary = self._put(handles, handle)
-        fd = handles.remove(handle)
+        put = self._put(handles, handle)
         del handles.puts[handle]
         try:
-            written, digest = await off_loop(sync_and_hash, fd)
+            with handles.using(handle) as fd:
+                handles.close(handle)  # no call may start on it now; closed when the last one returns
+                if handles.calls_running(handle) > 1:
+                    raise OSError(errno.EBUSY, f"{put.path}: writes to it are still running on node "
+                                               f"{self.usage.node}; write it again")
+                written, digest = await off_loop(sync_and_hash, fd)
         except BaseException:
-            os.close(fd)
-            self._unlink_quietly(temporary)
+            with trio.CancelScope(shield=True):
+                await off_loop(self._unlink_quietly, put.temporary)
             raise
-        os.close(fd)
         if (written, digest) != (_int(size, "size"), sha256):
-            self._unlink_quietly(temporary)
-            raise OSError(errno.EIO, f"{path}: {written} bytes with sha256 {digest[:16]}... landed on disk, "
+            await off_loop(self._unlink_quietly, put.temporary)
+            raise OSError(errno.EIO, f"{put.path}: {written} bytes with sha256 {digest[:16]}... landed on disk, "
                                      f"expected {size} bytes with sha256 {str(sha256)[:16]}...; write it again")
-        try:
-            self.export.rename(temporary, path)
-        except BaseException:
-            self._unlink_quietly(temporary)
-            raise
-        self.replicas.forget(path)  # a replica overwritten here is now this node's own file
-        attr = self.export.lstat(path)
+        attr = await off_loop(self._finish_put, put)
         if self.on_created is not None:
-            await self.on_created(path, attr)
+            await self.on_created(put.path, attr)
         return attr
 
-    def op_put_abort(self, handles: _Handles, handle: int) -> None:
+    def _finish_put(self, put: _Put) -> Attr:
+        """Rename the verified temporary into place, durably (worker thread)."""
+        try:
+            self.export.rename(put.temporary, put.path)
+        except BaseException:
+            self._unlink_quietly(put.temporary)
+            raise
+        self.replicas.forget(put.path)  # a replica overwritten here is now this node's own file
+        self.export.sync_parents(put.path, list(put.made))
+        return self.export.lstat(put.path)
+
+    async def op_put_abort(self, handles: _Handles, handle: int) -> None:
         """Give up a put: its temporary file goes away, the destination is untouched."""
-        _, temporary = self._put(handles, handle)
-        fd = handles.remove(handle)
+        put = self._put(handles, handle)
         del handles.puts[handle]
-        os.close(fd)
-        self._unlink_quietly(temporary)
+        handles.close(handle)  # at once, or when the last write running on it returns
+        await off_loop(self._unlink_quietly, put.temporary)
 
     @staticmethod
-    def _put(handles: _Handles, handle: int) -> tuple[str, str]:
+    def _put(handles: _Handles, handle: int) -> _Put:
         try:
             return handles.puts[handle]
         except (KeyError, TypeError):
@@ -567,8 +609,8 @@ class NodeService:
 
     def _drop_puts(self, handles: _Handles) -> None:
         """The connection ended mid-put: remove the temporary files (close_all closes their fds)."""
-        for _, temporary in handles.puts.values():
-            self._unlink_quietly(temporary)
+        for put in handles.puts.values():
+            self._unlink_quietly(put.temporary)
 
     def _unlink_quietly(self, path: str) -> None:
         try:

@@ -16,13 +16,12 @@ import errno
 import logging
 import os
 import time
-import uuid
 
 from .._trio import open_nursery
 from ..protocol import messages as msg
 from ..protocol.attr import Attr
 from ..protocol.messages import StageReply
-from .export import Export, off_loop
+from .export import Export, off_loop, temporary_name
 from .locator import Location
 from .namespace import Namespace
 from .replicas import STAGED_XATTR, Replica, staged_mark
@@ -57,8 +56,7 @@ async def stage_file(namespace: Namespace, service: NodeService, path: str) -> S
     if service.replicas.damaged is not None:
         raise OSError(errno.EIO, f"node {namespace.me} cannot stage {path}: its replica table is damaged "
                                  f"({service.replicas.damaged}); see that node's log for how to repair it")
-    directory, name = path.rsplit("/", 1)
-    temporary = f"{directory}/.{name}.gmount-stage-{uuid.uuid4().hex[:8]}"
+    temporary = temporary_name(path, "stage")
     # Durably noted first: a daemon killed mid-copy removes the temporary when it starts again.
     await off_loop(service.replicas.begin_staging, temporary, path)
     try:

@@ -280,3 +280,74 @@ def test_a_directory_shows_its_new_nlink_and_mtime_after_creates_in_it(cluster4:
     assert (seen.st_nlink, seen.st_mtime_ns) == (on_disk.st_nlink, on_disk.st_mtime_ns) and seen.st_nlink == 4
     os.rmdir(top / "b")
     assert os.stat(top).st_nlink == 3
+
+
+# -- extended attributes -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("holder", ["n1", "n3"])
+def test_ls_l_of_a_symlink_prints_it_without_an_error(cluster4: LocalCluster, holder: str) -> None:
+    """`ls -l` asks every entry for security.selinux (and ACLs) without following symlinks:
+    the answer for a symlink is the one ext4 gives (no such attribute), not ELOOP."""
+    name = unique("link")
+    os.symlink("target-" + name, cluster4.mount(holder) / name)
+    for asking in ("n1", "n2"):
+        link = cluster4.mount(asking) / name
+        listed = subprocess.run(["ls", "-l", str(link)], capture_output=True, text=True, check=False)
+        assert (listed.returncode, listed.stderr) == (0, ""), listed
+        assert listed.stdout.startswith("l") and f"-> target-{name}" in listed.stdout
+        with pytest.raises(OSError) as info:
+            os.getxattr(link, "security.selinux", follow_symlinks=False)
+        assert info.value.errno == errno.ENODATA
+        shown = subprocess.run(["getfattr", "-h", "-d", "-m", "-", str(link)], capture_output=True, text=True,
+                               check=False)
+        assert shown.returncode == 0 and "Too many levels" not in shown.stderr, shown
+
+
+@pytest.mark.parametrize("holder", ["n1", "n3"])
+def test_only_user_xattrs_can_be_set_through_the_mount(cluster4: LocalCluster, holder: str) -> None:
+    """trusted.* and security.* need privileges on the holder: a root daemon must not set them
+    for whoever asks (a peer, any user of an allow_other mount). user.* works as on the export."""
+    name = unique("xattr")
+    (cluster4.mount(holder) / name).write_bytes(b"x")
+    through = cluster4.mount("n2") / name
+    os.setxattr(through, "user.color", b"blue")
+    assert os.getxattr(cluster4.export(holder) / name, "user.color") == b"blue"
+    for attribute in ("trusted.gmount-test", "security.gmount-test"):
+        with pytest.raises(OSError) as info:
+            os.setxattr(through, attribute, b"1")
+        assert info.value.errno == errno.EOPNOTSUPP, attribute
+        assert attribute not in os.listxattr(cluster4.export(holder) / name)
+    os.setxattr(cluster4.export(holder) / name, "trusted.gmount-test", b"1")  # root, on the export itself
+    with pytest.raises(OSError) as info:
+        os.removexattr(through, "trusted.gmount-test")
+    assert info.value.errno == errno.EOPNOTSUPP
+    assert os.getxattr(cluster4.export(holder) / name, "trusted.gmount-test") == b"1"
+    os.removexattr(through, "user.color")
+
+
+# -- directory renames across nodes ----------------------------------------------------
+
+
+def test_mv_of_a_directory_that_one_holder_cannot_rename_leaves_it_whole(cluster4: LocalCluster) -> None:
+    """`mv` of a directory that n1 and n3 both have, where n3's rename(2) fails (its copy is a
+    mountpoint there: EBUSY): n1's rename is undone, the directory keeps its name everywhere."""
+    if os.geteuid() != 0:
+        require("a mount inside an export (needs root)", "not root")
+    name, renamed = unique("busy"), unique("renamed")
+    (cluster4.export("n1") / name).mkdir()
+    (cluster4.export("n1") / name / "a.txt").write_text("on n1")
+    busy = cluster4.export("n3") / name
+    busy.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "gmount-test-busy", str(busy)], check=True)
+    try:
+        (busy / "b.txt").write_text("on n3")
+        cluster4.rescan("n1", "n3")
+        moved = subprocess.run(["mv", str(cluster4.mount("n1") / name), str(cluster4.mount("n1") / renamed)],
+                               capture_output=True, text=True, check=False)
+        assert moved.returncode != 0 and "busy" in moved.stderr.lower(), moved
+        assert (cluster4.export("n1") / name / "a.txt").read_text() == "on n1"
+        assert not (cluster4.export("n1") / renamed).exists()
+        assert wait_for(lambda: sorted(os.listdir(cluster4.mount("n2") / name)) == ["a.txt", "b.txt"])
+    finally:
+        subprocess.run(["umount", "-l", str(busy)], check=False)
