@@ -236,6 +236,10 @@ def test_make_failing_recipe_keeps_exit_status_and_stderr(cluster: LocalCluster,
     assert result.returncode == 2
     assert "bad on n3" in result.stderr and "partial" in result.stdout
     assert "[Makefile:3: bad] Error 7" in result.stderr  # make saw the recipe's own status
+    # the line before make's own error names the node, as Snakemake's error does
+    lines = result.stderr.splitlines()
+    error = next(i for i, line in enumerate(lines) if line.endswith("[Makefile:3: bad] Error 7"))
+    assert lines[error - 1] == "gmount: target bad failed on node n3: its recipe exited with status 7", lines
     entries = read_log(next((here / ".gmount").glob("make-*.jsonl")))
     assert [(e["target"], e["node"], e["status"]) for e in entries] == [("bad", "n3", 7)]
 
@@ -243,7 +247,8 @@ def test_make_failing_recipe_keeps_exit_status_and_stderr(cluster: LocalCluster,
     direct = subprocess.run([os.path.join(BIN, "gmount-sh"), "-c", "echo out; echo err >&2; exit 42"],
                             check=False, cwd=here, env=env(GMOUNT_TARGET="x", GMOUNT_DEPS="in2.txt"),
                             capture_output=True, text=True)
-    assert (direct.returncode, direct.stdout, direct.stderr) == (42, "out\n", "err\n")
+    assert (direct.returncode, direct.stdout, direct.stderr) == (
+        42, "out\n", "err\ngmount: target x failed on node n2: its recipe exited with status 42\n")
 
     # -k: the other target is still made (on its node), make still fails
     keep_going = make(here, "-k", "-j2", "bad", "good.txt")
@@ -403,12 +408,106 @@ def test_mounts_holdings_of_many_prerequisites(cluster: LocalCluster) -> None:
     assert mounted.holdings(["f03.txt"], str(cluster.mount("n3") / wf)) == {f"/{wf}/f03.txt": {"n4": 103}}
 
 
-def test_make_outside_a_mount_says_what_to_do(tmp_path: Path) -> None:
+# --------------------------------------------------------------------------- outside a mount: plain make
+
+#: a workflow that exercises what a laptop run needs: pattern rules, -j, a sub-make, .ONESHELL-free recipes
+LAPTOP = """\
+all: total.txt sub/done.txt
+up%.txt: in%.txt
+\ttr a-z A-Z < $< > $@
+total.txt: up1.txt up2.txt
+\tcat $^ > $@
+sub/done.txt:
+\t$(MAKE) -C sub done.txt
+clean:
+\trm -f up1.txt up2.txt total.txt sub/done.txt
+"""
+
+
+def laptop_workflow(directory: Path, include: str = INCLUDE) -> None:
+    (directory / "sub").mkdir(parents=True, exist_ok=True)
+    (directory / "in1.txt").write_text("one\n")
+    (directory / "in2.txt").write_text("two\n")
+    (directory / "Makefile").write_text(include + LAPTOP)
+    (directory / "sub" / "Makefile").write_text(include + "done.txt:\n\techo \"[$$GMOUNT_NODE]\" > $@\n")
+
+
+def notices(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "gmount" in line]
+
+
+def test_make_outside_a_mount_runs_recipes_here_with_one_notice(tmp_path: Path) -> None:
+    """A Makefile with the include, in a plain directory: make runs every recipe itself (and the sub-make's),
+    as without the include, says why in one line for the whole run, and `make clean` works."""
     require("GNU make and gmount-sh", make_problem())
-    (tmp_path / "Makefile").write_text(INCLUDE + "x:\n\ttrue\n")
-    result = make(tmp_path, "x")
-    assert result.returncode == 2
-    assert "is not inside a running gmount cluster's mount" in result.stderr
+    laptop_workflow(tmp_path)
+    result = make(tmp_path, "-j4")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "total.txt").read_text() == "ONE\nTWO\n"
+    assert (tmp_path / "sub" / "done.txt").read_text() == "[]\n"  # not placed: no GMOUNT_NODE
+    assert notices(result.stderr) == [
+        f"gmount: {tmp_path} is not inside a gmount mount: recipes run here, as plain make runs them"]
+    assert "tr a-z A-Z < in1.txt > up1.txt" in result.stdout  # make's own echo of the recipe, unchanged
+    assert not (tmp_path / ".gmount").exists()  # no placement log outside a mount
+
+    cleaned = make(tmp_path, "clean")
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert not (tmp_path / "total.txt").exists() and not (tmp_path / "sub" / "done.txt").exists()
+    assert len(notices(cleaned.stderr)) == 1
+    # the dry run too: one notice, make's own -n output
+    dry = make(tmp_path, "-n")
+    assert dry.returncode == 0 and len(notices(dry.stderr)) == 1 and "cat up1.txt up2.txt > total.txt" in dry.stdout
+
+
+def test_make_without_gmount_installed_runs_plain(tmp_path: Path) -> None:
+    """`include $(shell gmount make-include)` where gmount is not on PATH: make says so once and runs
+    the recipes itself; the documented quiet form says nothing."""
+    require("GNU make", None if shutil.which("make") else "GNU make is not installed")
+    no_gmount = {**os.environ, "PATH": "/usr/bin:/bin"}
+    assert subprocess.run(["sh", "-c", "command -v gmount"], env=no_gmount, check=False).returncode != 0
+    laptop_workflow(tmp_path)
+    result = subprocess.run(["make", "-j4"], cwd=tmp_path, env=no_gmount, capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "total.txt").read_text() == "ONE\nTWO\n"
+    assert [line for line in result.stderr.splitlines() if "make[" not in line] == [
+        "make: gmount: No such file or directory"]
+    cleaned = subprocess.run(["make", "clean"], cwd=tmp_path, env=no_gmount, capture_output=True, text=True,
+                             timeout=120, check=False)
+    assert cleaned.returncode == 0 and not (tmp_path / "total.txt").exists(), cleaned.stderr
+
+    quiet = tmp_path / "quiet"
+    quiet.mkdir()
+    laptop_workflow(quiet, "-include $(shell gmount make-include 2>/dev/null)\n")
+    result = subprocess.run(["make", "-j4"], cwd=quiet, env=no_gmount, capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert (quiet / "total.txt").read_text() == "ONE\nTWO\n"
+    # and with gmount on PATH, the quiet form is the include: one notice here, outside a mount
+    placed = make(quiet, "-B", "total.txt")
+    assert placed.returncode == 0 and len(notices(placed.stderr)) == 1, placed.stderr
+
+
+def test_make_in_a_mount_no_daemon_to_ask_runs_recipes_here(cluster: LocalCluster, tmp_path: Path) -> None:
+    """In a mount whose daemon has no job socket and whose cluster this machine does not know (no launcher
+    state): nothing can place a recipe, so make runs them itself, in n1's mount, with one notice."""
+    wf = "wf-nodaemon"
+    put_inputs(cluster, wf)
+    (cluster.export("n1") / wf / "Makefile").write_text(INCLUDE + WORKFLOW)
+    here = cluster.mount("n1") / wf
+    sock = job_socket(cluster, "n1")
+    hidden = sock.with_name(sock.name + ".hidden")
+    sock.rename(hidden)
+    try:
+        result = make(here, "-j4", "merged.txt", XDG_STATE_HOME=str(tmp_path / "no-state"))
+    finally:
+        hidden.rename(sock)
+    assert result.returncode == 0, result.stderr
+    assert notices(result.stderr) == [f"gmount: {here} is not inside a running gmount cluster's mount on this "
+                                      "machine: recipes run here, as plain make runs them"]
+    assert (here / "merged.txt.node").read_text() == "\n"  # no GMOUNT_NODE: not placed
+    assert holder_on_disk(cluster, wf, "merged.txt") == "n1"
+    assert not (here / ".gmount").exists()
 
 
 def test_mounts_agree_with_the_overlay_and_the_state(cluster: LocalCluster) -> None:
@@ -531,6 +630,48 @@ def test_make_falls_back_to_python_gmount_sh_without_a_job_socket(cluster: Local
     assert [(e["node"], e["via"]) for e in read_log(here / "again.jsonl")] == [("n3", "daemon")] * 2
 
 
+def test_make_error_names_the_node_through_the_daemon_and_the_python_path(cluster: LocalCluster) -> None:
+    """The line before make's error says the node and the status -- from gmount-job (the daemon placed the
+    recipe) and from the Python gmount-sh (no job socket) alike; a recipe killed by a signal too."""
+    wf = "wf-errors"
+    put_inputs(cluster, wf)
+    (cluster.export("n1") / wf / "Makefile").write_text(INCLUDE + (
+        "exit4: in4.txt\n\t@exit 4\n"
+        "killed: in2.txt\n\t@kill -TERM $$$$\n"
+        "notfound: in3.txt\n\t@no-such-command-here\n"
+        "ignored: in3.txt\n\t-@exit 5\n"))
+    here = cluster.mount("n1") / wf
+
+    def line_before_error(result: subprocess.CompletedProcess[str], target: str) -> str:
+        lines = result.stderr.splitlines()
+        at = next(i for i, line in enumerate(lines) if line.startswith("make: ") and f" {target}]" in line)
+        return lines[at - 1]
+
+    def check() -> None:
+        result = make(here, "-k", "exit4", "killed", "notfound")
+        assert result.returncode == 2
+        assert line_before_error(result, "exit4") == \
+            "gmount: target exit4 failed on node n4: its recipe exited with status 4"
+        assert line_before_error(result, "killed") == \
+            "gmount: target killed failed on node n2: its recipe was killed by signal 15 (Terminated)"
+        assert line_before_error(result, "notfound") == \
+            "gmount: target notfound failed on node n3: its recipe exited with status 127"
+        ignored = make(here, "ignored")
+        assert ignored.returncode == 0 and "Error 5 (ignored)" in ignored.stderr
+        assert "gmount: target ignored failed on node n3: its recipe exited with status 5" in ignored.stderr
+
+    check()  # gmount-job, placed by the daemon
+    sock = job_socket(cluster, "n1")
+    hidden = sock.with_name(sock.name + ".hidden")
+    sock.rename(hidden)
+    try:
+        check()  # the Python gmount-sh, placing by asking the mount
+    finally:
+        hidden.rename(sock)
+    entries = [e for log in (here / ".gmount").glob("make-*.jsonl") for e in read_log(log)]
+    assert {e["via"] for e in entries} == {"daemon", "python"}
+
+
 def test_gmount_job_writes_the_log_line_json_dumps_writes(cluster: LocalCluster, tmp_path: Path) -> None:
     """The C program's JSON: a target with quotes, controls, non-ASCII and an undecodable byte reads
     back as the string Python sees in the environment; a recipe's status and node are its own."""
@@ -543,9 +684,10 @@ def test_gmount_job_writes_the_log_line_json_dumps_writes(cluster: LocalCluster,
     environb = {os.fsencode(k): os.fsencode(v) for k, v in environ.items()}
     environb[b"GMOUNT_TARGET"] = target
     done = subprocess.run([JOB_PROGRAM, "-c", "echo $GMOUNT_NODE $PWD; exit 3"], cwd=here, env=environb,
-                          capture_output=True, text=True, timeout=60, check=False)
+                          capture_output=True, text=True, errors="surrogateescape", timeout=60, check=False)
     assert done.returncode == 3
     assert done.stdout == f"n3 {cluster.mount('n3') / wf}\n"
+    assert done.stderr == f"gmount: target {os.fsdecode(target)} failed on node n3: its recipe exited with status 3\n"
     line = log.read_text()
     entry = json.loads(line)
     assert entry["target"] == os.fsdecode(target)
