@@ -45,30 +45,31 @@ GMOUNT_TAB := $(GMOUNT_EMPTY)	$(GMOUNT_EMPTY)
 SHELL = $(if $@,$(file >>$(GMOUNT_PLAN_FILE),$(CURDIR)$(GMOUNT_TAB)$@$(GMOUNT_TAB)$^))/bin/sh
 else
 
-# Are recipes run from here placed? "place", or "local <why>" (not in a gmount mount, no daemon).
-# (Asked here, before SHELL is set, so this $(shell) is plain /bin/sh.)
-GMOUNT_CHECK := $(shell $(GMOUNT_SH) --gmount-check 2>/dev/null)
+# Are recipes run from here placed? "place <time>-<make's pid>", or "local <why>" (not in a gmount
+# mount, no daemon to ask). Asked before SHELL is set: make runs the program itself, no shell.
+GMOUNT_CHECK := $(shell $(GMOUNT_SH) --gmount-check)
 ifeq ($(firstword $(GMOUNT_CHECK)),place)
 
 # One log per run of make: sub-makes inherit it through the environment.
 ifeq ($(origin GMOUNT_PLACEMENT_LOG),undefined)
-GMOUNT_PLACEMENT_LOG := $(CURDIR)/.gmount/make-$(shell date +%Y%m%dT%H%M%S-$$PPID).jsonl
+GMOUNT_PLACEMENT_LOG := $(CURDIR)/.gmount/make-$(word 2,$(GMOUNT_CHECK)).jsonl
 endif
 export GMOUNT_PLACEMENT_LOG
 
 GMOUNT_RECIPE_SHELL ?= /bin/sh
 export GMOUNT_RECIPE_SHELL
 
-# `=`, not `:=`: $@ and $^ must be expanded per recipe, when make runs it.
-export GMOUNT_TARGET = $@
-export GMOUNT_DEPS = $^
-SHELL = $(GMOUNT_SH)
-
+# make -n prints recipes, it does not run them: say once where to see their nodes.
 ifeq ($(MAKELEVEL)$(MAKE_RESTARTS),0)
 ifneq ($(findstring n,$(firstword -$(MAKEFLAGS))),)
 $(shell echo 'gmount: make -n does not say where recipes would run; gmount make -n (same arguments) or gmount plan does' >&2)
 endif
 endif
+
+# `=`, not `:=`: $@ and $^ must be expanded per recipe, when make runs it.
+export GMOUNT_TARGET = $@
+export GMOUNT_DEPS = $^
+SHELL = $(GMOUNT_SH)
 
 else
 # Not placed: SHELL stays make's own, so recipes run exactly as without this file. One notice per

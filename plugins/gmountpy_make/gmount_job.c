@@ -21,8 +21,9 @@
  *   make's own error (`gmount: target T failed on node n3: its recipe exited with status 7`).
  * - One JSON line per recipe goes to $GMOUNT_PLACEMENT_LOG, in the format of the Python gmount-sh,
  *   with "via": "daemon".
- * - `gmount-job --gmount-check` (gmount.mk, once per run of make): prints "place" when the working
- *   directory is in a gmount mount whose daemon answers on its job socket, else "local <why>", so
+ * - `gmount-job --gmount-check` (gmount.mk, once per run of make): prints "place <time>-<make's pid>"
+ *   when the working directory is in a gmount mount whose daemon answers on its job socket (the
+ *   stamp names the run's placement log), else "local <why>", so
  *   that make runs recipes as plain make does, with one notice (the Python gmount-sh decides for a
  *   daemon without a job socket).
  */
@@ -611,8 +612,8 @@ static void exec_fallback(char **original, const char *why) {
     exit(127);
 }
 
-/* `--gmount-check`: one line on stdout, "place" if recipes run from the working directory are placed,
- * else "local <why>" (gmount.mk then leaves make's SHELL alone and says why, once). */
+/* `--gmount-check`: one line on stdout, "place <stamp>" if recipes run from the working directory are
+ * placed, else "local <why>" (gmount.mk then leaves make's SHELL alone and says why, once). */
 static int check(char **original) {
     char cwd[PATH_MAX];
     if (!getcwd(cwd, sizeof cwd)) {
@@ -625,9 +626,12 @@ static int check(char **original) {
         return 0;
     }
     int fd = connect_daemon(mount.data);
-    if (fd >= 0) {
+    if (fd >= 0) {  /* with the run's stamp for the placement log's name: time and make's pid */
         close(fd);
-        puts("place");
+        char stamp[32];
+        time_t now = time(NULL);
+        strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%S", localtime(&now));
+        printf("place %s-%ld\n", stamp, (long)getppid());
         return 0;
     }
     /* A daemon without a job socket: the Python wrapper can still place, if it knows the cluster. */

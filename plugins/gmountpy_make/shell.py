@@ -102,13 +102,14 @@ def main() -> None:
 
 
 def check() -> None:
-    """`gmount-sh --gmount-check` (gmount.mk, once per run of make): "place" if recipes run from here are
-    placed, else "local <why>" -- then make runs them as plain make does, and says why once."""
+    """`gmount-sh --gmount-check` (gmount.mk, once per run of make): "place <time>-<make's pid>" if recipes
+    run from here are placed (the stamp names the run's placement log), else "local <why>" -- then make
+    runs them as plain make does, and says why once."""
     cwd = os.getcwd()
     if mounts.find(cwd) is None:
         print(f"local {cwd} is not inside a running gmount cluster's mount on this machine")
     else:
-        print("place")
+        print(f"place {time.strftime('%Y%m%dT%H%M%S')}-{os.getppid()}")
 
 
 def say_failure(target: str, node: str, status: int) -> None:
