@@ -524,6 +524,111 @@ def test_mounts_agree_with_the_overlay_and_the_state(cluster: LocalCluster) -> N
     assert mounts.find("/") is None
 
 
+# --------------------------------------------------------------------------- gmount plan / gmount make -n
+
+
+def gmount(cwd: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([os.path.join(BIN, "gmount"), *args], check=False, cwd=cwd, env=env(**extra),
+                          capture_output=True, text=True, timeout=180)
+
+
+def test_gmount_plan_for_a_makefile_predicts_where_the_run_goes(cluster: LocalCluster) -> None:
+    """`gmount plan` (from make's own -n) says job -> node and bytes before the run; the run then goes
+    exactly there (its placement log), with exactly those bytes for the jobs whose inputs exist."""
+    wf = "wf-plan"
+    inputs = put_inputs(cluster, wf)
+    (cluster.export("n1") / wf / "Makefile").write_text(INCLUDE + WORKFLOW)
+    here = cluster.mount("n1") / wf
+
+    done = gmount(here, "plan", "-f", "Makefile", "--json")
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    assert (plan["workflow"], plan["cluster"], plan["head_node"], plan["cwd"]) == (
+        "make", cluster.spec.name, "n1", f"/{wf}")
+    jobs = {job["job"]: job for job in plan["jobs"]}
+    assert sorted(jobs) == sorted(OUTPUTS) and len(plan["jobs"]) == len(OUTPUTS)
+    order = [job["job"] for job in plan["jobs"]]
+    assert order.index("merged.txt") > max(order.index(f"up{i}.txt") for i in range(1, 5))
+    assert not list(here.glob("up*.txt")), "the plan ran something"
+    cfg = len(inputs["shared.cfg"])
+    for i, node in enumerate(NODES, start=1):  # inputs that exist: exact bytes
+        up = jobs[f"up{i}.txt"]
+        size = len(inputs[f"in{i}.txt"])
+        assert up["node"] == node and up["inputs"] == [f"in{i}.txt", "shared.cfg"]
+        assert (up["bytes_local"], up["bytes_remote"]) == ((size + cfg, 0) if node == "n2" else (size, cfg))
+        assert not up["bytes_local_estimated"] and not up["bytes_remote_estimated"] and not up["planned_inputs"]
+    merged = jobs["merged.txt"]  # its inputs are written by this run: on their job's node, estimated
+    assert merged["node"] == "n4" and merged["planned_inputs"] == [f"up{i}.txt" for i in range(1, 5)]
+    assert merged["bytes_local_estimated"] and merged["bytes_remote_estimated"]
+    assert merged["bytes_remote"] == sum(len(inputs[f"in{i}.txt"]) + cfg for i in range(1, 4))
+    assert plan["total"]["bytes_remote"] == sum(job["bytes_remote"] for job in plan["jobs"])
+    assert plan["total"]["per_node"] == {"n1": 2, "n2": 2, "n3": 2, "n4": 4}
+
+    # the text form: a line per job, the total, the estimate said
+    text = gmount(here, "plan")
+    assert text.returncode == 0, text.stderr
+    rows = {line.split()[0]: line.split() for line in text.stdout.splitlines()[2:2 + len(OUTPUTS)]}
+    assert {target: row[1] for target, row in rows.items()} == {j: jobs[j]["node"] for j in jobs}
+    assert rows["merged.txt"][3].startswith("~") and not rows["up1.txt"][3].startswith("~")
+    assert "total: 10 jobs (n1 2, n2 2, n3 2, n4 4); input bytes read locally ~" in text.stdout
+    assert "~ estimated: " in text.stdout
+
+    # the run goes where the plan said
+    run = make(here, "-j4")
+    assert run.returncode == 0, run.stderr
+    entries = read_log(next((here / ".gmount").glob("make-*.jsonl")))
+    assert {e["target"]: e["node"] for e in entries} == {j: jobs[j]["node"] for j in jobs}
+    for entry in entries:
+        if entry["target"].startswith("up"):
+            assert (entry["bytes_local"], entry["bytes_remote"]) == (
+                jobs[entry["target"]]["bytes_local"], jobs[entry["target"]]["bytes_remote"])
+
+    # afterwards: nothing to do; with -B every recipe again, each on the node that ran it
+    assert json.loads(gmount(here, "plan", "--json").stdout)["jobs"] == []
+    again = json.loads(gmount(here, "plan", "--json", "-B").stdout)
+    assert {job["job"]: job["node"] for job in again["jobs"]} == {j: jobs[j]["node"] for j in jobs}
+
+
+def test_gmount_make_n_prints_make_n_then_the_plan_and_make_n_points_to_it(cluster: LocalCluster) -> None:
+    wf = "wf-plan-n"
+    put_inputs(cluster, wf)
+    (cluster.export("n1") / wf / "Makefile").write_text(INCLUDE + WORKFLOW)
+    (cluster.export("n1") / wf / "sub").mkdir()
+    (cluster.export("n3") / wf / "sub").mkdir()
+    (cluster.export("n3") / wf / "sub" / "data.txt").write_text("on n3\n")
+    (cluster.export("n1") / wf / "sub" / "Makefile").write_text(INCLUDE + "out.txt: data.txt\n\tcp $< $@\n")
+    here = cluster.mount("n1") / wf
+    done = gmount(here, "make", "-n", "merged.txt", "sub-run", "--eval=sub-run:; $(MAKE) -C sub out.txt")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "cat up1.txt up2.txt up3.txt up4.txt > merged.txt" in out  # make's own -n output first
+    plan_at = out.index("plan of make -n merged.txt")
+    assert out.index("cat up1.txt") < plan_at
+    rows = {line.split()[0]: line.split()[1] for line in out[plan_at:].splitlines()[2:]
+            if line and not line.startswith(("total:", "~"))}
+    assert rows == {"up1.txt": "n1", "up2.txt": "n2", "up3.txt": "n3", "up4.txt": "n4", "merged.txt": "n4",
+                    "sub-run": "n1", "sub/out.txt": "n3"}  # the sub-make's recipe too, from its directory
+    assert not (here / "merged.txt").exists() and not (here / "sub" / "out.txt").exists()
+
+    plain = make(here, "-n", "merged.txt")
+    assert plain.returncode == 0 and "cat up1.txt" in plain.stdout
+    assert notices(plain.stderr) == ["gmount: make -n does not say where recipes would run; gmount make -n "
+                                     "(same arguments) or gmount plan does"]
+
+
+def test_gmount_plan_outside_a_mount_says_so(tmp_path: Path) -> None:
+    require("GNU make and gmount-sh", make_problem())
+    laptop_workflow(tmp_path)
+    done = gmount(tmp_path, "plan")
+    assert done.returncode == 1
+    assert done.stderr == (f"gmount: {tmp_path} is not inside a running gmount cluster's mount on this machine: "
+                           "make and Snakemake would run every job here (cd <mountpoint>/... to plan a run on a "
+                           "cluster)\n")
+    # gmount make -n outside a mount is make -n (with the one notice)
+    dry = gmount(tmp_path, "make", "-n")
+    assert dry.returncode == 0 and "cat up1.txt up2.txt > total.txt" in dry.stdout and len(notices(dry.stderr)) == 1
+
+
 # --------------------------------------------------------------------------- packaging
 
 
