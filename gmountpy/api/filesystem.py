@@ -51,6 +51,7 @@ import os
 import posixpath
 import re
 import threading
+import weakref
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
@@ -170,7 +171,7 @@ class Session:
         if stop is None or token is None or self.pid != os.getpid() or not self._thread.is_alive():
             return
         try:
-            trio.from_thread.run_sync(stop.set, trio_token=token)
+            token.run_sync_soon(stop.set)  # never waits: also safe from a finalizer on the loop's own thread
         except trio.RunFinishedError:
             return
         if threading.current_thread() is not self._thread:
@@ -198,6 +199,7 @@ class GmountFileSystem(AbstractFileSystem):
         self._requests = Requests(view)
         self._lock = threading.Lock()
         self._session = Session(found.state, load_secret(found.state.name))
+        self._closer = weakref.finalize(self, self._session.close)  # its thread and connections go with it
 
     # -- the connections -----------------------------------------------------------
 
@@ -206,14 +208,16 @@ class GmountFileSystem(AbstractFileSystem):
         """The live session; a new one after a fork (the parent's loop does not exist in a child)."""
         with self._lock:
             if not self._session.alive:
-                self._session = self._new_session()
+                state = state_store.load(self.cluster)
+                if state is None:
+                    raise GmountError(f"cluster {self.cluster!r} is no longer running: start it with `gmount up`")
+                self._replace(Session(state, load_secret(state.name)))
             return self._session
 
-    def _new_session(self) -> Session:
-        state = state_store.load(self.cluster)
-        if state is None:
-            raise GmountError(f"cluster {self.cluster!r} is no longer running: start it with `gmount up`")
-        return Session(state, load_secret(state.name))
+    def _replace(self, session: Session) -> None:
+        self._closer.detach()
+        self._session = session
+        self._closer = weakref.finalize(self, session.close)
 
     def _refresh(self, failed: Session) -> bool:
         """After a node did not answer: if the cluster was restarted (new ports or secret), a new session."""
@@ -231,7 +235,7 @@ class GmountFileSystem(AbstractFileSystem):
             if not moved:
                 return False
             failed.close()
-            self._session = Session(state, secret)
+            self._replace(Session(state, secret))
             return True
 
     def call(self, func: Callable[..., Awaitable[T]], *args: Any) -> T:
