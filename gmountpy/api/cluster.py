@@ -73,6 +73,8 @@ from .staging import Staging
 from .view import ClusterView
 
 if TYPE_CHECKING:
+    from distributed import Client
+
     from .filesystem import GmountFileSystem
 
 __all__ = [
@@ -285,6 +287,27 @@ class Cluster:
         GMOUNT_CLUSTER. `stdout`/`stderr` are as for subprocess.Popen.
         """
         return self._execution.spawn(command, on=on, cwd=cwd, env=env, stdout=stdout, stderr=stderr)
+
+    # -- Dask --------------------------------------------------------------------------
+
+    def dask(self, *, threads: int | None = None, placement: bool = True, timeout: float = 60.0) -> Client:
+        """A `distributed.Client` on Dask workers in every node's mount; starts them unless they run.
+
+        One worker per node (named after it, `threads` threads, default the
+        node's slots) and a scheduler that places each task on the node
+        holding most of its `gmount://` input (`placement=False`: Dask's own
+        placement). They stay up for other clients until `dask_down()`,
+        `gmount dask down` or `down()`. Needs the `dask` extra; see docs/dask.md.
+        """
+        from . import dask
+        return dask.client(self, threads=threads, placement=placement, timeout=timeout)
+
+    def dask_down(self) -> None:
+        """Stop this cluster's Dask scheduler and workers; the cluster itself stays up."""
+        from . import dask
+        problems = dask.down(self)
+        if problems:
+            raise GmountError("; ".join(f"{node}: {what}" for node, what in problems.items()))
 
     # -- write ---------------------------------------------------------------------
 

@@ -14,9 +14,16 @@ launcher's state). Storage options:
     a running cluster's name, its cluster file, or a path inside a mount;
     taken from the URL's host part when given there.
 ``node``
-    the node the file system asks from (default: the cluster's first node).
-    Lookups, listings and "nearest" follow that node's view: its own files
-    first, then its site, then other sites by RTT -- as its mount would.
+    the node the file system asks from (default: the node whose mount this
+    process runs in, as a gmount job or Dask worker does; else the cluster's
+    first node). Lookups, listings and "nearest" follow that node's view: its
+    own files first, then its site, then other sites by RTT -- as its mount would.
+
+Inside a node's mount -- a process started by gmount on a node (`run`,
+`spawn`, a Dask worker: GMOUNT_CLUSTER and GMOUNT_NODE set) whose mount is on
+this machine -- files are read through that mount: the node's own files from
+its disk, others by the mount from their holder (and counted in the node's
+`read_local` / `read_remote`), instead of over RPC from this process.
 
 A file system instance keeps one authenticated connection per node it talks
 to, on a trio loop of its own (a daemon thread), for its whole life: every
@@ -54,7 +61,7 @@ import threading
 import weakref
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any, Protocol, TypeVar
+from typing import IO, Any, Protocol, TypeVar
 
 import trio
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
@@ -186,11 +193,14 @@ class GmountFileSystem(AbstractFileSystem):
 
     def __init__(self, cluster: str | os.PathLike[str] | ClusterLike | None = None, node: str | None = None,
                  **kwargs: Any) -> None:
+        home: str | None = None
         if cluster is not None and not isinstance(cluster, (str, os.PathLike)):
-            node = node if node is not None else cluster.home
-            cluster = cluster.name
+            home, cluster = cluster.home, cluster.name
         found = state_store.resolve(os.fspath(cluster) if cluster is not None else None, paths=[os.getcwd()])
-        view = ClusterView(found.state, node if node is not None else found.node)
+        #: (node, mountpoint) when this process runs inside a node's mount on this machine: reads go through it
+        self.mount = _mount_here(found.state)
+        default = self.mount[0] if self.mount is not None else (home if home is not None else found.node)
+        view = ClusterView(found.state, node if node is not None else default)
         super().__init__(cluster=found.state.name, node=view.home, **kwargs)
         #: the cluster's name (the `cluster` storage option, resolved)
         self.cluster: str = found.state.name
@@ -302,11 +312,13 @@ class GmountFileSystem(AbstractFileSystem):
     # -- data ------------------------------------------------------------------------
 
     def _open(self, path: str, mode: str = "rb", block_size: Any = None, autocommit: bool = True,
-              cache_options: Any = None, **kwargs: Any) -> GmountFile:
+              cache_options: Any = None, **kwargs: Any) -> GmountFile | IO[bytes]:
         path = self._strip_protocol(path)
         if mode not in ("rb", "wb", "xb"):
             raise NotImplementedError(f"gmount:// files open as 'rb', 'wb' or 'xb', not {mode!r} "
                                       "(to append, write through a node's mount)")
+        if mode == "rb" and self.mount is not None:
+            return open(self._in_mount(path), "rb")  # noqa: SIM115 -- the caller closes it, as any fsspec file
         if mode == "xb" and self.exists(path):
             raise FileExistsError(errno.EEXIST, f"{path} exists", path)
         return GmountFile(self, path, mode, block_size, autocommit, cache_options=cache_options, **kwargs)
@@ -314,6 +326,13 @@ class GmountFileSystem(AbstractFileSystem):
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         """Bytes [start, end) (negative: from the end) read from the nearest holder, through one handle."""
         path = self._strip_protocol(path)
+        if self.mount is not None:
+            with open(self._in_mount(path), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                first = 0 if start is None else (max(0, size + start) if start < 0 else min(start, size))
+                stop = size if end is None else (max(0, size + end) if end < 0 else min(end, size))
+                f.seek(first)
+                return f.read(max(0, stop - first))
 
         async def read(client: ClusterClient) -> bytes:
             holder, opened = await _open_nearest(client, self._requests, self.node, path)
@@ -343,6 +362,10 @@ class GmountFileSystem(AbstractFileSystem):
                     target.write(piece)
                     if callback is not None:
                         callback.relative_update(len(piece))
+
+    def _in_mount(self, path: str) -> str:
+        assert self.mount is not None
+        return os.path.join(self.mount[1], self._strip_protocol(path).lstrip("/"))
 
     def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
         """Copy through this process, one handle on each side (the source as it was when opened).
@@ -491,6 +514,15 @@ class GmountFile(AbstractBufferedFile):
             if self.mode == "rb" and self._handle is not None and self.holder is not None:
                 handle, self._handle = self._handle, None
                 self._session.send(self.holder, msg.Close(handle))
+
+
+def _mount_here(state: ClusterState) -> tuple[str, str] | None:
+    """(node, mountpoint) when this process runs on a node of the cluster whose mount is on this machine."""
+    node = os.environ.get("GMOUNT_NODE")
+    if os.environ.get("GMOUNT_CLUSTER") != state.name or node is None or node not in state.spec.nodes:
+        return None
+    mountpoint = state.spec.nodes[node].mountpoint
+    return (node, mountpoint) if os.path.ismount(mountpoint) else None
 
 
 async def _open_nearest(client: ClusterClient, requests: Requests, asking: str,

@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "slurm-extra": "slurm_extra",
     "audit": "audit",
     "pipeline": "pipeline",
+    "dask": "dask",
 }
 
 

@@ -206,13 +206,16 @@ def down(name: str, *, progress: Progress | None = None, forget: bool = False) -
     recorded so that running `down` again finishes the job; `forget` drops
     them from the record anyway.
     """
+    from .dask import down as dask_down  # its workers run in the mounts: stop them first
+
+    dask_problems = {node: f"Dask: {what}" for node, what in dask_down(name).items()}
     state = state_store.load(name)
     if state is None:
-        return {}
+        return dask_problems
     if state.spec.launcher != "ssh":
         problems = stop_local(state)
         state_store.remove(name)
-        return problems
+        return {**dask_problems, **problems}
     from .ssh import stop_ssh_cluster
 
     problems, unreachable = _run(stop_ssh_cluster(state, progress=progress))
@@ -223,7 +226,7 @@ def down(name: str, *, progress: Progress | None = None, forget: bool = False) -
             problems[node] += "; still recorded: run `gmount down` again when it is reachable (or --forget)"
     else:
         state_store.remove(name)
-    return problems
+    return {**dask_problems, **problems}
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ import trio
 from .._trio import open_nursery
 from .._version import __version__
 from ..cluster.config import ClusterSpec, NodeSpec
+from ..cluster.jobsocket import socket_path as jobs_socket_path
 from ..cluster.overlay import Overlay
 from ..errors import GmountError
 from ..protocol import rpc
@@ -47,6 +48,7 @@ from .directories import directory_problems
 from .export import Export
 from .fuse import GmountOperations
 from .index import DirectoryIndex, ExportWatcher, Homes, IndexLocator
+from .jobs import JobPlacer, serve_jobs
 from .locator import FloodLocator, Locator
 from .namespace import Namespace
 from .peers import PeerAddress, PeerPool
@@ -207,6 +209,9 @@ class NodeDaemon:
                                             ssl_context=server_tls, limits=request_limits)
 
             nursery.start_soon(trio.serve_listeners, handler, [listener])
+            mountpoint = os.path.realpath(self.node.mountpoint)  # as the kernel will name it (not mounted yet)
+            placer = JobPlacer(self.me, self.spec, self.overlay, namespace, mountpoint)
+            await nursery.start(serve_jobs, placer, jobs_socket_path(mountpoint))
 
             options = set(pyfuse3.default_options)
             options.add(f"fsname=gmount-{self.spec.name}-{self.me}")

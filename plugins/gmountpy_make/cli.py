@@ -10,7 +10,7 @@ import sysconfig
 
 import click
 
-from . import MAKEFILE
+from . import JOB_PROGRAM, MAKEFILE
 
 
 @click.command("make-include")
@@ -29,13 +29,14 @@ def make_command(make_args: tuple[str, ...]) -> None:
         raise click.ClickException("GNU make is not on PATH (Debian package `make`)")
     wrapper = find_wrapper()
     if wrapper is not None:
-        os.environ.setdefault("GMOUNT_SH", wrapper)
+        os.environ.setdefault("GMOUNT_SH_FALLBACK", wrapper)
+        os.environ.setdefault("GMOUNT_SH", JOB_PROGRAM if os.access(JOB_PROGRAM, os.X_OK) else wrapper)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # Python ignores it; make and its recipes must not inherit that
     os.execv(make, [make, f"--eval=include {MAKEFILE}", *make_args])
 
 
 def find_wrapper() -> str | None:
-    """gmount-sh from the same installation as this `gmount` (its bin directory), else from PATH."""
+    """The Python gmount-sh from the same installation as this `gmount` (its bin directory), else from PATH."""
     for directory in (os.path.dirname(os.path.abspath(sys.argv[0])), sysconfig.get_path("scripts")):
         candidate = os.path.join(directory, "gmount-sh")
         if os.access(candidate, os.X_OK):

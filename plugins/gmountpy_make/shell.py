@@ -1,4 +1,10 @@
-"""gmount-sh: make's SHELL under gmount.mk -- run one recipe on the node that holds its prerequisites.
+"""gmount-sh: run one recipe on the node that holds its prerequisites -- the Python path.
+
+make's SHELL under gmount.mk is the C program gmount-job, which asks the node
+daemon where a recipe goes and runs it there; it hands over to this wrapper
+for nodes on other machines (SSH clusters; GMOUNT_PLACED_NODE names the node
+it chose) and when the daemon has no job socket (then this wrapper places the
+recipe itself, asking the mount). Used directly as SHELL, it does it all.
 
 make calls `gmount-sh -c RECIPE` (or with its .SHELLFLAGS) for every recipe
 line (one call per recipe with .ONESHELL), with GMOUNT_TARGET=$@ and
@@ -51,7 +57,7 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 #: Variables that describe the recipe to gmount-sh only: a sub-make started by
 #: the recipe must not see its parent's target (its own $(shell ...) would be
 #: taken for a recipe).
-PRIVATE_VARIABLES = ("GMOUNT_TARGET", "GMOUNT_DEPS")
+PRIVATE_VARIABLES = ("GMOUNT_TARGET", "GMOUNT_DEPS", "GMOUNT_PLACED_NODE")
 
 
 def main() -> None:
@@ -69,7 +75,8 @@ def main() -> None:
              "machine; run make inside a mount (cd <mountpoint>/...), or drop the gmount.mk include", 2)
     cluster, here, ns_dir = found
     holdings = cluster.holdings(os.environ.get("GMOUNT_DEPS", "").split(), cwd)
-    node = choose(cluster, here, holdings)
+    placed = os.environ.get("GMOUNT_PLACED_NODE", "")  # chosen by the node daemon (gmount-job)
+    node = placed if placed in cluster.nodes else choose(cluster, here, holdings)
     command = [shell, *args]
     started = time.monotonic()
     if cluster.nodes[node].remote and node != here:  # make's own node runs its recipes itself
@@ -213,7 +220,7 @@ def log(cluster: mounts.MountedCluster, target: str, node: str, make_node: str, 
     remote = sum(max(held.values()) for held in located if node not in held)
     line = json_line({"target": target, "node": node, "make_node": make_node, "cluster": cluster.name,
                       "cwd": ns_dir, "inputs": len(holdings), "bytes_local": local, "bytes_remote": remote,
-                      "seconds": round(seconds, 6), "status": status, "time": time.time()})
+                      "seconds": round(seconds, 6), "status": status, "time": time.time(), "via": "python"})
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -4,23 +4,39 @@
     snakemake --profile gmount                # the same, from `gmount snakemake-profile`
 
 Run Snakemake inside any node's mount with plain paths. For each job this
-plugin picks a node -- `resources.gmount_node` if the rule sets it, else
-`Cluster.place(job inputs)` (the node holding most input bytes) -- and runs
-the job's Snakemake command there, in the same directory of *that* node's
-mount (a local process on a local cluster, over SSH on an SSH cluster), so
-its outputs land in that node's export and its inputs are read locally.
-Jobs see GMOUNT_NODE (and GMOUNT_SITE, GMOUNT_CLUSTER, GMOUNT_PLACEMENT_LOG).
+plugin picks a node -- `resources.gmount_node` if the rule sets it, else the
+node holding most input bytes, as the head node's daemon answers on its job
+socket (`gmountpy.cluster.jobsocket`; `Cluster.place` when it has none) --
+and runs the job there, in the same directory of *that* node's mount (a
+local process on a local cluster, over SSH on an SSH cluster), so its
+outputs land in that node's export and its inputs are read locally. Jobs
+see GMOUNT_NODE (and GMOUNT_SITE, GMOUNT_CLUSTER, GMOUNT_PLACEMENT_LOG).
+
+How a job runs (`via` in the placement log):
+- "shell": a `shell:` rule's command, formatted here as Snakemake formats it
+  (the same prefix, suffix, executable, threads and tmpdir variables), run
+  with that shell on the node -- what Snakemake's local executor does, with
+  nothing started per job but the shell. This process prepares the job
+  first (`job.prepare()`: protected outputs, old outputs removed, output
+  and log directories) and, as for every job, checks and records it after.
+- "snakemake": everything else (`run:`, `script:`, `wrapper:`, `notebook:`,
+  conda, containers, env modules, shadow, `benchmark:`, group jobs, storage
+  files, between-workflow caching, rules from modules): the job's own
+  Snakemake process on the node, as Snakemake's remote executors run jobs.
+  `snakemake_because` says why.
 
 Each finished job adds one JSON line to the placement log (default
 `.gmount/snakemake-<time>-<pid>.jsonl`): rule, jobid, node, why, input
-bytes read locally and remotely, seconds, exit status. Job stdout/stderr go
-to `.gmount/snakemake-logs/`; a failing job's error shows the end of its
-stderr. Ctrl-C stops every running job with everything it started.
+bytes read locally and remotely, seconds, exit status, via. Job
+stdout/stderr go to `.gmount/snakemake-logs/`; a failing job's error shows
+the end of its stderr. Ctrl-C stops every running job with everything it
+started.
 
-Only the public gmountpy API is used (gmountpy.api).
+Only the public gmountpy API (gmountpy.api) and the job socket's client are used.
 """
 
 # No `from __future__ import annotations`: Snakemake reads the settings' field types at run time.
+import asyncio
 import json
 import os
 import re
@@ -41,9 +57,14 @@ from snakemake_interface_executor_plugins.settings import CommonSettings, Execut
 
 from gmountpy import GmountError
 from gmountpy.api import Cluster, Spawned
+from gmountpy.cluster import jobsocket
 
-#: How often running jobs are polled (they are local processes: polling is cheap).
-_POLL_SECONDS = 0.25
+#: How often running jobs are polled: they are local processes (or local ssh clients), so a poll is a
+#: waitpid per job; a job's end is seen this soon.
+_POLL_SECONDS = 0.02
+#: The longest command passed to the shell as an argument (Snakemake's own limit); longer ones go
+#: through a script file, as Snakemake's shell() does.
+_MAX_ARG_LEN = 16 * 4096 - 1
 
 
 @dataclass
@@ -82,6 +103,9 @@ class _Running:
     remote_bytes: int
     stdout: str
     stderr: str
+    via: str                      # "shell" (the command itself) or "snakemake" (the job's own Snakemake)
+    because: str = ""             # why the job needed its own Snakemake process
+    placed_by: str = "daemon"     # "daemon" (its job socket) or "api" (Cluster.place: no job socket)
 
 
 class Executor(RemoteExecutor):
@@ -102,6 +126,7 @@ class Executor(RemoteExecutor):
                 "outside a mount use the gmount storage plugin (gmount://...) instead")
         self.head_node = here.asked_from
         self.head_mount = mount.rstrip("/")
+        self.head_mount_real = os.path.realpath(self.head_mount)  # as the kernel names it: the job socket's key
         self.directory = here.path  # the working directory as a namespace path
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.log_path = os.path.abspath(self.settings.placement_log
@@ -109,10 +134,20 @@ class Executor(RemoteExecutor):
         self.output_dir = os.path.abspath(os.path.join(".gmount", "snakemake-logs", f"{stamp}-{os.getpid()}"))
         os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
         os.makedirs(self.output_dir, exist_ok=True)
+        # Job logs are written and read in the head node's export itself, not through the mount: two
+        # files per job that only this process and the job write (the mount shows them once the
+        # node's export scan has seen them, within a second).
+        self.head_export = self.cluster.nodes[self.head_node].export.rstrip("/")
+        os.makedirs(self._on_disk(self.output_dir), exist_ok=True)
         self._log_lock = threading.Lock()
-        self.next_seconds_between_status_checks = _POLL_SECONDS
         self.logger.info(f"gmount: cluster {self.cluster.name}, head node {self.head_node}; "
                          f"placement log {os.path.relpath(self.log_path)}")
+
+    def _on_disk(self, path: str) -> str:
+        """The head node's own file at `path` (in its mount), in its export directory."""
+        if path.startswith(self.head_mount + "/"):
+            return self.head_export + path[len(self.head_mount):]
+        return path
 
     # -- choosing the node ---------------------------------------------------------
 
@@ -125,15 +160,35 @@ class Executor(RemoteExecutor):
             paths.append(text)
         return paths
 
-    def _choose(self, job: JobExecutorInterface, inputs: list[str]) -> tuple[str, str]:
+    def _pinned(self, job: JobExecutorInterface) -> Optional[str]:
         asked = job.resources.get("gmount_node") if hasattr(job.resources, "get") else None
-        if asked:
-            node = str(asked)
-            if node not in self.cluster.nodes:
-                raise WorkflowError(f"gmount executor: rule {job.name} asks for gmount_node={node!r}, which is "
-                                    f"not a node of cluster {self.cluster.name!r} "
-                                    f"(nodes: {', '.join(self.cluster.nodes.names)})")
-            return node, "resources.gmount_node"
+        if not asked:
+            return None
+        node = str(asked)
+        if node not in self.cluster.nodes:
+            raise WorkflowError(f"gmount executor: rule {job.name} asks for gmount_node={node!r}, which is "
+                                f"not a node of cluster {self.cluster.name!r} "
+                                f"(nodes: {', '.join(self.cluster.nodes.names)})")
+        return node
+
+    def _place(self, job: JobExecutorInterface, inputs: list[str]) -> tuple[str, str, int, int, str]:
+        """(node, why, input bytes it holds, input bytes it reads from others, "daemon" or "api").
+
+        The head node's daemon answers from its warm state on its job socket; without one (a
+        daemon that has none), the public API asks the same questions over RPC."""
+        pinned = self._pinned(job)
+        try:
+            reply = jobsocket.place(self.head_mount_real, os.getcwd(), inputs, pin=pinned)
+        except jobsocket.JobsError as exc:
+            raise GmountError(str(exc)) from None
+        except (OSError, ValueError):
+            node, reason = (pinned, "resources.gmount_node") if pinned else self._api_place(inputs)
+            local, remote = self._input_bytes(inputs, node)
+            return node, reason, local, remote, "api"
+        reason = "resources.gmount_node" if pinned else reply["reason"]
+        return reply["node"], reason, int(reply["bytes_local"]), int(reply["bytes_remote"]), "daemon"
+
+    def _api_place(self, inputs: list[str]) -> tuple[str, str]:
         placement = self.cluster.place(inputs)
         return placement.node, placement.reason
 
@@ -156,28 +211,47 @@ class Executor(RemoteExecutor):
     def run_job(self, job: JobExecutorInterface) -> None:
         inputs = self._inputs(job)
         try:
-            node, reason = self._choose(job, inputs)
-            local, remote = self._input_bytes(inputs, node)
+            node, reason, local, remote, placed_by = self._place(job, inputs)
         except GmountError as exc:
             raise WorkflowError(f"gmount executor: cannot place job {job.name} ({job.jobid}): {exc}") from None
         target_mount = self.cluster.nodes[node].mountpoint.rstrip("/")
-        command = self.format_job_exec(job)
-        if target_mount != self.head_mount:  # absolute paths Snakemake wrote in the head node's mount
-            command = command.replace(self.head_mount + "/", target_mount + "/")
-        if self.cluster.spec.launcher == "ssh":  # another machine: its own Python (`python` in the cluster file)
-            command = command.replace(f"{sys.executable} -m snakemake",
-                                      f"{shlex.quote(self.cluster.spec.nodes[node].python)} -m snakemake")
         base = os.path.join(self.output_dir, f"{job.name}-{job.jobid}-attempt{job.attempt}")
         env = {"GMOUNT_PLACEMENT_LOG": self.log_path.replace(self.head_mount + "/", target_mount + "/")}
-        with open(base + ".out", "wb") as out, open(base + ".err", "wb") as err:
+        direct, because = _direct_command(job)
+        if direct is not None:
+            # What the job's own Snakemake would do before its command (it runs here, with this
+            # process's view of the namespace), then the command alone on the node.
+            self.workflow.async_run(job.prepare())
+            executable, text = direct
+            env.update(_command_env(job))
+            command = self._shell_line(executable, text, base)
+        else:
+            command = self.format_job_exec(job)
+            if self.cluster.spec.launcher == "ssh":  # another machine: its own Python (`python` in the cluster file)
+                command = command.replace(f"{sys.executable} -m snakemake",
+                                          f"{shlex.quote(self.cluster.spec.nodes[node].python)} -m snakemake")
+        if target_mount != self.head_mount:  # absolute paths Snakemake wrote in the head node's mount
+            command = command.replace(self.head_mount + "/", target_mount + "/")
+        with open(self._on_disk(base + ".out"), "wb") as out, open(self._on_disk(base + ".err"), "wb") as err:
             try:
                 spawned = self.cluster.spawn(command, on=node, cwd=self.directory, env=env, stdout=out, stderr=err)
             except (GmountError, OSError) as exc:
                 raise WorkflowError(f"gmount executor: cannot start job {job.name} on node {node}: {exc}") from None
-        self.logger.info(f"gmount: job {job.name} ({job.jobid}) runs on {node} ({reason})")
-        running = _Running(spawned, node, reason, inputs, local, remote, base + ".out", base + ".err")
+        via = "shell" if direct is not None else "snakemake"
+        self.logger.info(f"gmount: job {job.name} ({job.jobid}) runs on {node} ({reason}; {via})")
+        running = _Running(spawned, node, reason, inputs, local, remote, base + ".out", base + ".err", via, because,
+                           placed_by)
         self.report_job_submission(SubmittedJobInfo(job, external_jobid=f"{node}:{spawned.pid}",
                                                     aux={"gmount": running}))
+
+    def _shell_line(self, executable: str, command: str, base: str) -> str:
+        """The line /bin/sh runs for a direct job: `exec EXECUTABLE -c COMMAND` (a script file if too long)."""
+        if len(command.replace("'", "'\\''")) + 2 <= _MAX_ARG_LEN:
+            return "exec " + shlex.join([executable, "-c", command])
+        script = base + ".sh"
+        with open(script, "w") as f:  # through the mount: the job's node reads it at once
+            print(command, file=f)
+        return "exec " + shlex.join([executable, script])
 
     async def check_active_jobs(self, active_jobs: list[SubmittedJobInfo]) -> AsyncGenerator[SubmittedJobInfo, None]:
         for job_info in active_jobs:
@@ -187,14 +261,13 @@ class Executor(RemoteExecutor):
                 yield job_info
                 continue
             running.spawned.stop(grace=0)  # anything the job left running in the background
-            self._log(job_info.job, running, status,
-                      command_exit=None if status == 0 else _command_status(_read_tail(running.stderr)))
+            text = "" if status == 0 else _read_tail(self._on_disk(running.stderr))
+            command_status = status if running.via == "shell" else _command_status(text)
+            self._log(job_info.job, running, status, command_exit=None if status == 0 else command_status)
             if status == 0:
                 self.report_job_success(job_info)
             else:
-                text = _read_tail(running.stderr)
-                command_status = _command_status(text)
-                said = _command_stderr(text)
+                said = _tail_lines(text) if running.via == "shell" else _command_stderr(text)
                 why = (f"its command exited with status {command_status}" if command_status is not None
                        else f"it exited with status {status}")
                 self.report_job_error(job_info, msg=(
@@ -212,6 +285,11 @@ class Executor(RemoteExecutor):
         for (job_info, running), status in zip(jobs, statuses, strict=True):
             self._log(job_info.job, running, status, cancelled=True)
 
+    async def sleep(self) -> None:
+        """Between two polls of the running jobs. Not Snakemake's `next_seconds_between_status_checks`:
+        its waiting thread starts before `__post_init__`, so the first wait took the default 10 s."""
+        await asyncio.sleep(_POLL_SECONDS)
+
     # -- the placement log --------------------------------------------------------------
 
     def _log(self, job: JobExecutorInterface, running: _Running, status: int, cancelled: bool = False,
@@ -221,7 +299,10 @@ class Executor(RemoteExecutor):
             "reason": running.reason, "inputs": running.inputs, "input_bytes_local": running.local_bytes,
             "input_bytes_remote": running.remote_bytes,
             "seconds": round(time.monotonic() - running.spawned.started, 3), "exit": status,
+            "via": running.via, "placed_by": running.placed_by,
         }
+        if running.because:
+            record["snakemake_because"] = running.because
         if job.is_group():
             record["rules"] = sorted(job.rules)
         if command_exit is not None:
@@ -230,6 +311,69 @@ class Executor(RemoteExecutor):
             record["cancelled"] = True
         with self._log_lock, open(self.log_path, "a") as log:
             log.write(json.dumps(record) + "\n")
+
+
+def _direct_command(job: JobExecutorInterface) -> tuple[Optional[tuple[str, str]], str]:
+    """((shell executable, command), "") for a job whose command can run alone on its node, else
+    (None, why it needs its own Snakemake process)."""
+    if job.is_group():
+        return None, "group job"
+    rule = getattr(job, "rule", None)
+    if rule is None or not getattr(rule, "shellcmd", None):
+        kinds = [name for name in ("script", "notebook", "wrapper", "cwl", "template_engine")
+                 if rule is not None and getattr(rule, name, None)]
+        return None, f"{kinds[0]}: directive" if kinds else "run: directive (or no shell command)"
+    checks = (
+        (getattr(rule, "shadow_depth", None) is not None, "shadow: directive"),
+        (getattr(job, "benchmark", None) is not None, "benchmark: directive"),
+        (getattr(rule, "conda_env", None) is not None, "conda: directive"),
+        (bool(getattr(rule, "container_img", None)) or bool(getattr(job, "container_img_url", None)),
+         "container: directive"),
+        (bool(getattr(rule, "env_modules", None)), "envmodules: directive"),
+        (_caches_output(rule), "cache: directive"),
+        (bool(getattr(rule, "is_handover", False)), "handover: directive"),
+        (getattr(rule, "module_globals", None) not in (None, rule.workflow.globals), "rule from a module"),
+        (any(getattr(f, "is_storage", False) for f in [*job.input, *job.output]), "storage files"),
+    )
+    for applies, why in checks:
+        if applies:
+            return None, why
+    try:
+        from snakemake.shell import shell  # type: ignore[import-untyped]  # Snakemake's own, as the job uses
+    except ImportError:
+        return None, "snakemake.shell not found"
+    try:
+        command = job.shellcmd
+        executable = job.resources.get("shell_exec") or shell.get_executable() or "/bin/sh"
+        prefix = shell._get_process_prefix(executable)
+        suffix = shell._process_suffix
+    except (AttributeError, WorkflowError) as exc:  # another Snakemake than the one this follows
+        return None, f"the command could not be formatted here ({exc})"
+    if "<TBD>" in command:  # a resource Snakemake evaluates on the node only (e.g. {resources.tmpdir})
+        return None, "a resource to be determined on the node"
+    return (str(executable), " ".join((prefix, command, suffix)).strip()), ""
+
+
+def _caches_output(rule: Any) -> bool:
+    """Whether the rule's outputs go through Snakemake's between-workflow cache (`cache: True`)."""
+    cache = getattr(rule, "cache", None)
+    output = getattr(cache, "output", False) if cache is not None else False
+    return bool(output() if callable(output) else output)
+
+
+def _command_env(job: JobExecutorInterface) -> dict[str, str]:
+    """What Snakemake's shell() puts in a command's environment: thread counts, and the job's tmpdir."""
+    threads = str(job.threads)
+    env = {name: threads for name in ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                      "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")}
+    tmpdir = job.resources.get("tmpdir") if hasattr(job.resources, "get") else None
+    if tmpdir:
+        env.update(TMPDIR=str(tmpdir), TMP=str(tmpdir), TEMPDIR=str(tmpdir), TEMP=str(tmpdir))
+    return env
+
+
+def _tail_lines(text: str, lines: int = 20) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:]) or "(empty)"
 
 
 def _read_tail(path: str, size: int = 65536) -> str:

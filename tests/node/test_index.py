@@ -39,7 +39,6 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from gmountpy import Cluster as ApiCluster
 from gmountpy import launch
 from gmountpy.errors import GmountError, PeerUnavailable
-from gmountpy.node import index as index_module
 from gmountpy.node import service as service_module
 from gmountpy.node.export import Export
 from gmountpy.node.index import (
@@ -49,11 +48,11 @@ from gmountpy.node.index import (
     ExportWatcher,
     Homes,
     IndexLocator,
-    _under,
-    _under_any,
     rendezvous_order,
     split_parent,
 )
+from gmountpy.node.index import lookups as lookups_module
+from gmountpy.node.index.paths import under, under_any
 from gmountpy.node.locator import AbsentForNow
 from gmountpy.node.namespace import Namespace
 from gmountpy.node.service import NodeService
@@ -211,7 +210,7 @@ _PATHS = st.lists(st.sampled_from(["a", "ab", "b", "a.mv", "a-"]), max_size=4).m
 
 @given(path=_PATHS, prefixes=st.lists(_PATHS, max_size=3))
 def test_under_any_is_under_one_of_the_prefixes(path: str, prefixes: list[str]) -> None:
-    assert _under_any(prefixes)(path) == any(_under(path, prefix) for prefix in prefixes)
+    assert under_any(prefixes)(path) == any(under(path, prefix) for prefix in prefixes)
 
 
 # ------------------------------------------------------ messages per operation (4 nodes over RPC)
@@ -1051,7 +1050,7 @@ async def test_a_node_keeps_at_most_listings_kept_listings(tmp_path: Path) -> No
             cluster["n3"].put(f"/kept{i}/f", b"x")
         locator = cluster["n1"].locator
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(index_module, "LISTINGS_KEPT", 2)
+            patch.setattr(lookups_module, "LISTINGS_KEPT", 2)
             for i in range(3):
                 assert [e.name for e in (await cluster["n1"].namespace.merged_listing(f"/kept{i}")).entries] == ["f"]
         assert sorted(locator._listings) == ["/kept1", "/kept2"]  # type: ignore[attr-defined]
@@ -1066,7 +1065,7 @@ async def test_a_big_directory_is_never_listed_ahead(tmp_path: Path) -> None:
             await ns.lookup(f"{directory}/warm-up")
         cluster.reset_counts()
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(index_module, "LIST_AHEAD_MAX", 5)
+            patch.setattr(lookups_module, "LIST_AHEAD_MAX", 5)
             for i in range(6):
                 assert (await ns.lookup(f"{directory}/f{i}")).node == "n3"
         assert total(cluster) == 6 and cluster["n2"].served["index_list"] == 0

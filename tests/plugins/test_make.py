@@ -24,8 +24,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gmountpy import Cluster
-from gmountpy.cluster import mounts
-from gmountpy_make import MAKEFILE
+from gmountpy.cluster import jobsocket, mounts
+from gmountpy_make import JOB_PROGRAM, MAKEFILE
 from gmountpy_make.shell import json_line, json_string, strip_oneshell_prefixes
 
 from ..conftest import (
@@ -83,6 +83,8 @@ def make_problem() -> str | None:
         return "GNU make is not installed (Debian package make)"
     if not os.access(os.path.join(BIN, "gmount-sh"), os.X_OK):
         return f"gmount-sh is not installed beside {sys.executable} (pip install -e . again)"
+    if not os.access(JOB_PROGRAM, os.X_OK):
+        return f"gmount-job was not built at install ({JOB_PROGRAM}): pip install . again, with a C compiler"
     return None
 
 
@@ -477,3 +479,128 @@ def test_make_example_workflow_runs_where_the_tiles_are(cluster: LocalCluster) -
     assert holder_on_disk(cluster, "make-example", "tile-001.words.txt") == "n3"
     summary = (here / "survey-summary.txt").read_text()
     assert summary.startswith("tile-001: 6 words\ntile-002: 6 words\n") and "TILE-002 OF THE SURVEY" in summary
+
+
+# --------------------------------------------------------------------------- the fast path: gmount-job and the daemon
+
+
+def job_socket(cluster: LocalCluster, node: str) -> Path:
+    return Path(jobsocket.socket_path(os.path.realpath(cluster.mount(node))))
+
+
+def test_make_recipes_are_placed_by_the_daemon_not_the_python_fallback(cluster: LocalCluster) -> None:
+    """make's SHELL is the C gmount-job and every recipe is placed by the node daemon: if the fast
+    path fell back to the Python wrapper (no socket, a wrong socket path, a bad reply), `via` says so."""
+    wf = "wf-fast"
+    put_inputs(cluster, wf)
+    (cluster.export("n1") / wf / "Makefile").write_text(
+        INCLUDE + WORKFLOW + "shell.txt:\n\techo '$(SHELL)' > $@\n")
+    here = cluster.mount("n1") / wf
+    result = make(here, "-j4", "all", "shell.txt")
+    assert result.returncode == 0, result.stderr
+    assert (here / "shell.txt").read_text().strip() == JOB_PROGRAM
+    entries = read_log(next((here / ".gmount").glob("make-*.jsonl")))
+    assert len(entries) == 2 * len(OUTPUTS) + 4 + 1  # stats recipes have three lines
+    assert {e["via"] for e in entries} == {"daemon"}, [e for e in entries if e["via"] != "daemon"]
+    for target in OUTPUTS:
+        assert {e["node"] for e in entries if e["target"] == target} == {expected_node(cluster, wf, target)}
+
+
+def test_make_falls_back_to_python_gmount_sh_without_a_job_socket(cluster: LocalCluster) -> None:
+    """A daemon without a job socket (an older one): the recipes still run where their inputs are,
+    through the Python wrapper, and the log says so."""
+    wf = "wf-nosocket"
+    put_inputs(cluster, wf)
+    (cluster.export("n1") / wf / "Makefile").write_text(INCLUDE + WORKFLOW)
+    here = cluster.mount("n1") / wf
+    sock = job_socket(cluster, "n1")
+    hidden = sock.with_name(sock.name + ".hidden")
+    sock.rename(hidden)
+    try:
+        result = make(here, "-j4", "merged.txt")
+    finally:
+        hidden.rename(sock)
+    assert result.returncode == 0, result.stderr
+    entries = read_log(next((here / ".gmount").glob("make-*.jsonl")))
+    assert {e["via"] for e in entries} == {"python"}
+    assert {(e["target"], e["node"]) for e in entries} == {
+        ("up1.txt", "n1"), ("up2.txt", "n2"), ("up3.txt", "n3"), ("up4.txt", "n4"), ("merged.txt", "n4")}
+    # and with the socket back, the daemon places again
+    again = make(here, "-B", "up3.txt", GMOUNT_PLACEMENT_LOG=str(here / "again.jsonl"))
+    assert again.returncode == 0, again.stderr
+    assert [(e["node"], e["via"]) for e in read_log(here / "again.jsonl")] == [("n3", "daemon")] * 2
+
+
+def test_gmount_job_writes_the_log_line_json_dumps_writes(cluster: LocalCluster, tmp_path: Path) -> None:
+    """The C program's JSON: a target with quotes, controls, non-ASCII and an undecodable byte reads
+    back as the string Python sees in the environment; a recipe's status and node are its own."""
+    wf = "wf-json"
+    put_inputs(cluster, wf)
+    here = cluster.mount("n1") / wf
+    log = tmp_path / "log" / "placement.jsonl"  # its directory is made
+    target = 'fits/"odd"\\ name\t\x01\x7f \u00e9\U0001f600 '.encode() + b"\xff\xc3("
+    environ = {**env(GMOUNT_PLACEMENT_LOG=str(log), GMOUNT_DEPS="in3.txt missing.txt /etc/hostname")}
+    environb = {os.fsencode(k): os.fsencode(v) for k, v in environ.items()}
+    environb[b"GMOUNT_TARGET"] = target
+    done = subprocess.run([JOB_PROGRAM, "-c", "echo $GMOUNT_NODE $PWD; exit 3"], cwd=here, env=environb,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 3
+    assert done.stdout == f"n3 {cluster.mount('n3') / wf}\n"
+    line = log.read_text()
+    entry = json.loads(line)
+    assert entry["target"] == os.fsdecode(target)
+    assert json.dumps(os.fsdecode(target)) in line
+    assert {k: entry[k] for k in ("node", "make_node", "cluster", "cwd", "inputs", "bytes_local", "bytes_remote",
+                                  "status", "via")} == {
+        "node": "n3", "make_node": "n1", "cluster": cluster.spec.name, "cwd": f"/{wf}", "inputs": 2,
+        "bytes_local": (cluster.export("n3") / wf / "in3.txt").stat().st_size, "bytes_remote": 0, "status": 3,
+        "via": "daemon"}
+    assert isinstance(entry["seconds"], float) and isinstance(entry["time"], float)
+
+
+def test_gmount_job_dies_of_the_signal_that_killed_the_recipe(cluster: LocalCluster) -> None:
+    wf = "wf-killed"
+    put_inputs(cluster, wf)
+    here = cluster.mount("n1") / wf
+    done = subprocess.run([JOB_PROGRAM, "-c", "kill -TERM $$"], cwd=here, check=False, timeout=60,
+                          env=env(GMOUNT_TARGET="t", GMOUNT_DEPS="in2.txt", GMOUNT_PLACEMENT_LOG=""))
+    assert done.returncode == -signal.SIGTERM
+
+
+def test_gmount_job_without_target_is_the_recipe_shell(tmp_path: Path) -> None:
+    """$(shell ...) and a direct call without GMOUNT_TARGET: the recipe shell, here, nothing asked."""
+    require("GNU make and gmount-job", make_problem())
+    done = subprocess.run([JOB_PROGRAM, "-c", "echo $0 $PWD; exit 5"], cwd=tmp_path, check=False, timeout=60,
+                          capture_output=True, text=True, env=env(GMOUNT_RECIPE_SHELL="/bin/bash", PWD=str(tmp_path)))
+    assert (done.returncode, done.stdout) == (5, f"/bin/bash {tmp_path}\n")
+
+
+@pytest.mark.slow
+def test_wheel_carries_gmount_job_built_and_make_uses_it(cluster: LocalCluster, tmp_path: Path) -> None:
+    """`pip wheel` compiles gmount-job (setup.py) into a platform wheel, executable; installed from it,
+    gmount.mk makes it SHELL and the daemon places the recipe (not the Python fallback)."""
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"),
+                            str(REPO)], check=False, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    wheel = next((tmp_path / "dist").glob("gmountpy-*.whl"))
+    assert not wheel.name.endswith("-none-any.whl"), wheel.name  # a compiled program inside: a platform wheel
+    member = zipfile.ZipFile(wheel).getinfo("gmountpy_make/gmount-job")
+    assert (member.external_attr >> 16) & 0o111, oct(member.external_attr >> 16)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
+                                "-q", "--no-deps", "--no-index", str(wheel)],
+                               check=False, capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stderr
+    mk = next(venv.glob("lib/python*/site-packages/gmountpy_make/gmount.mk"))
+    assert os.access(mk.parent / "gmount-job", os.X_OK)
+    wf = "wf-wheel-job"
+    put_inputs(cluster, wf)
+    (cluster.export("n1") / wf / "Makefile").write_text(f"include {mk}\nout.txt: in4.txt\n\techo $$GMOUNT_NODE > $@\n")
+    here = cluster.mount("n1") / wf
+    result = subprocess.run(["make", "out.txt"], check=False, cwd=here, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    assert (here / "out.txt").read_text() == "n4\n"
+    assert [(e["node"], e["via"]) for e in read_log(next((here / ".gmount").glob("make-*.jsonl")))] == [
+        ("n4", "daemon")]

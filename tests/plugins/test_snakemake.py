@@ -412,3 +412,110 @@ def test_plugins_are_discovered_from_an_installed_wheel(tmp_path: Path) -> None:
     assert helped.returncode == 0, helped.stderr[-3000:]
     assert "--gmount-placement-log" in helped.stdout and "--storage-gmount-node" in helped.stdout
     shutil.rmtree(venv)
+
+
+# -- shell: jobs run alone on their node; Snakemake's semantics hold ---------------------------------------
+
+SEMANTICS = """\
+rule all:
+    input: "final.txt", "py.txt"
+
+rule first:
+    input: "data/in.txt"
+    output: temp("tmp/first.txt")
+    log: "logs/first.log"
+    threads: 2
+    params: tag=lambda wildcards: "tag-" + "x"
+    shell: "echo $OMP_NUM_THREADS {params.tag} {threads} $(ls .snakemake/incomplete | wc -l) > {output}; "
+           "echo logged-on-$GMOUNT_NODE > {log}"
+
+rule second:
+    input: "tmp/first.txt"
+    output: protected("final.txt")
+    shell: "cat {input} > {output}"
+
+rule python:
+    input: "data/in.txt"
+    output: "py.txt"
+    run:
+        shell("echo from-run-on-$GMOUNT_NODE > {output}")
+
+rule partial:
+    input: "data/in.txt"
+    output: "partial.txt"
+    shell: "echo half > {output}; echo partial-fails >&2; exit 4"
+"""
+
+
+def test_shell_jobs_run_alone_on_their_node_with_snakemakes_semantics(cluster4: LocalCluster, workdir: str) -> None:
+    """A `shell:` rule's command runs by itself on the node holding its inputs (no Snakemake process
+    per job: the placement log says "shell", and must -- a silent fall back to the job's own Snakemake
+    fails here), with what Snakemake gives a command: threads, params, logs, temp(), protected(),
+    incomplete markers while it runs, and a failed job's outputs removed. A `run:` rule keeps its own
+    Snakemake process."""
+    spread(cluster4, workdir, {"data/in.txt": ("n3", b"input on n3\n" * 50)})
+    head = cluster4.export("n1") / workdir
+    head.mkdir(parents=True, exist_ok=True)
+    (head / "Snakefile").write_text(SEMANTICS)
+    cwd = cluster4.mount("n1") / workdir
+    run = snakemake(cwd, "--executor", "gmount", "-j4", "--gmount-placement-log", "placement.jsonl")
+    assert "gmount: job first" in run.stdout + run.stderr
+    records = {str(r["rule"]): r for r in placement_records(cwd / "placement.jsonl")}
+    assert {rule: (r["node"], r["via"], r["placed_by"]) for rule, r in records.items()} == {
+        "first": ("n3", "shell", "daemon"), "second": ("n3", "shell", "daemon"),
+        "python": ("n3", "snakemake", "daemon")}
+    assert records["python"]["snakemake_because"] == "run: directive (or no shell command)"
+    # threads and params as Snakemake formats them; the job's own incomplete marker was there
+    threads, tag, formatted, markers = (cwd / "final.txt").read_text().split()
+    assert (threads, tag, formatted) == ("2", "tag-x", "2") and int(markers) >= 1
+    assert (cwd / "logs" / "first.log").read_text() == "logged-on-n3\n"
+    assert (cwd / "py.txt").read_text() == "from-run-on-n3\n"
+    assert holder(cluster4, workdir, "final.txt") == ["n3"]
+    # temp(): removed once its consumer finished; protected(): write-protected where it lies
+    assert not (cwd / "tmp" / "first.txt").exists() and holder(cluster4, workdir, "tmp/first.txt") == []
+    assert (cluster4.export("n3") / workdir / "final.txt").stat().st_mode & 0o222 == 0
+    assert not list((cwd / ".snakemake" / "incomplete").glob("*"))  # markers gone after success
+    again = snakemake(cwd, "--executor", "gmount", "-j4")
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+    # a failing command: Snakemake removes what it wrote, the error names the node and shows its stderr
+    failed = snakemake(cwd, "--executor", "gmount", "-j4", "--gmount-placement-log", "failed.jsonl",
+                       "partial.txt", check=False)
+    output = failed.stdout + failed.stderr
+    assert failed.returncode != 0
+    assert "failed on node n3: its command exited with status 4. Its stderr there:\npartial-fails\n" in output
+    assert "Removing output files of failed job partial" in output
+    assert not (cwd / "partial.txt").exists() and holder(cluster4, workdir, "partial.txt") == []
+    assert [(r["via"], r["exit"], r["command_exit"]) for r in placement_records(cwd / "failed.jsonl")] == [
+        ("shell", 4, 4)]
+
+
+def test_variant_calling_workflow_through_the_profile_matches_plain_snakemake(cluster4: LocalCluster,
+                                                                              workdir: str, tmp_path: Path) -> None:
+    """The tutorial's bwa -> samtools -> bcftools workflow with the gmount profile inside a mount, each
+    sample's reads on another node, against plain Snakemake in a plain directory: the same bytes, and
+    every per-sample job ran on its sample's node as a plain shell job."""
+    from benchmarks import bench_variants as variants
+
+    require("bwa, samtools, bcftools", variants.tools_problem())
+    files = variants.prepare(20, 2000, tmp_path / "inputs")
+    variants.place_inputs(files, {name: cluster4.export(variants.node_of(name)) / workdir for name in files})
+    cluster4.rescan()
+    head = cluster4.export("n1") / workdir
+    (head / "Snakefile").write_text(variants.SNAKEFILE)
+    variants.write_profile(head)
+    plain = tmp_path / "plain"
+    variants.place_inputs(files, {name: plain for name in files})
+    (plain / "Snakefile").write_text(variants.SNAKEFILE)
+    cwd = cluster4.mount("n1") / workdir
+    variants.run_snakemake(cwd, 4, timeout=RUN_TIMEOUT)
+    variants.run_snakemake(plain, 4, timeout=RUN_TIMEOUT)
+    assert variants.differences(cwd, plain) == []
+    records = placement_records(next((cwd / ".gmount").glob("snakemake-*.jsonl")))
+    assert {(r["via"], r["placed_by"]) for r in records} == {("shell", "daemon")}
+    for sample, node in variants.SAMPLES.items():
+        assert holder(cluster4, workdir, f"sorted_reads/{sample}.bam") == [node]
+        assert holder(cluster4, workdir, f"sorted_reads/{sample}.bam.bai") == [node]
+        assert holder(cluster4, workdir, f"logs/bwa_map/{sample}.log") == [node]
+        assert holder(cluster4, workdir, f"mapped_reads/{sample}.bam") == []  # temp(), removed
+    assert holder(cluster4, workdir, "data/genome.fa.bwt") == ["n1"]
