@@ -80,7 +80,7 @@ def _gmount_fs_of(value: object, cluster: str) -> bool:
     fs = getattr(value, "fs", None)
     if fs is None or getattr(fs, "protocol", None) != "gmount":
         return False
-    return getattr(getattr(fs, "cluster", None), "name", None) == cluster
+    return getattr(fs, "cluster", None) == cluster  # GmountFileSystem.cluster: the cluster's name
 
 
 def _walk(value: object, cluster: str, found: dict[str, None], depth: int, paths_are_gmount: bool) -> None:

@@ -7,6 +7,7 @@ import dataclasses
 import errno
 import hashlib
 import os
+import posixpath
 from collections.abc import Iterable
 from typing import IO, TypeVar
 
@@ -18,7 +19,7 @@ from ..node.export import temporary_name
 from ..protocol import messages as msg
 from ..protocol.client import ClusterClient
 from .paths import PathLike, Paths, as_list
-from .requests import LOOKUPS_IN_FLIGHT, READ_PIECE, READS_IN_FLIGHT, Requests, readable_holder
+from .requests import LOOKUPS_IN_FLIGHT, READ_PIECE, Requests, close_quietly, readable_holder, write_handle
 from .results import FileLocations, Listing, Locations, Node
 from .view import ClusterView
 
@@ -185,11 +186,7 @@ class Files:
                         digest.update(piece)
                         size += len(piece)
             finally:
-                with trio.CancelScope(shield=True):
-                    try:
-                        await client.ask(holder.node, msg.Close(opened.handle))
-                    except OSError:
-                        pass
+                await close_quietly(client, holder.node, msg.Close(opened.handle))
             source = await client.ask(holder.node, msg.Checksum(ns_path), timeout=60.0 + size / 50e6)
             if (source.size, source.sha256) != (size, digest.hexdigest()):
                 raise OSError(errno.EAGAIN, f"{ns_path} changed on node {holder.node} while it was copied "
@@ -216,49 +213,70 @@ class Files:
         chosen = self._view.node_name(on) if on is not None else None
 
         async def main(client: ClusterClient) -> str:
-            found = await self._requests.where(client, asking, ns_path)
-            if found.nearest is not None and found.nearest.is_dir:
-                raise IsADirectoryError(errno.EISDIR, f"{ns_path} is a directory (on node {found.nearest.node})")
-            originals = [h.node for h in found.holders if h.replica_of is None]
-            target = chosen or (originals[0] if originals else asking)
+            plan = await plan_put(self._requests, client, asking, ns_path, chosen)
+            handle = await put_open(client, plan, mode)
             try:
-                handle = await client.ask(target, msg.PutOpen(ns_path, mode & 0o7777))
-            except OSError as exc:
-                if exc.errno == errno.ENOSYS:
-                    raise GmountError(f"node {target} cannot take writes from outside its mount: its daemon "
-                                      "has no 'put' operation (restart the cluster with this gmountpy)") from None
-                raise
-            digest = hashlib.sha256()
-            size = 0
-            try:
-                in_flight = trio.Semaphore(READS_IN_FLIGHT)
-
-                async def send(offset: int, piece: bytes) -> None:
-                    try:
-                        await client.ask(target, msg.Write(handle, offset, piece), timeout=60.0)
-                    finally:
-                        in_flight.release()
-
-                async with open_nursery() as nursery:
-                    while piece := source.read(READ_PIECE):
-                        digest.update(piece)
-                        await in_flight.acquire()
-                        nursery.start_soon(send, size, piece)
-                        size += len(piece)
-                await client.ask(target, msg.PutClose(handle, size, digest.hexdigest()), timeout=60.0 + size / 20e6)
+                digest = hashlib.sha256()
+                size = await write_handle(client, plan.target, handle, 0,
+                                          iter(lambda: source.read(READ_PIECE), b""), digest)
+                await finish_put(client, plan, handle, size, digest.hexdigest())
             except BaseException:
-                with trio.CancelScope(shield=True):
-                    try:
-                        await client.ask(target, msg.PutAbort(handle))
-                    except OSError:
-                        pass  # the handle's temporary file goes with the connection anyway
+                await close_quietly(client, plan.target, msg.PutAbort(handle))  # the temporary file goes
                 raise
-            for holder in found.holders:  # the new file is the only one of that name
-                if holder.node != target and not holder.is_dir:
-                    try:
-                        await client.ask(holder.node, msg.Unlink(ns_path))
-                    except FileNotFoundError:
-                        pass
-            return target
+            return plan.target
 
         return self._requests.run(main)
+
+
+# -- whole-file writes from outside the mount: shared with the fsspec backend ------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PutPlan:
+    """Where a whole-file write lands, and what was there before it."""
+
+    path: str
+    target: str              # the node whose export takes the file
+    found: FileLocations     # the holders of the name before the write
+    new_parent: bool         # the parent directory exists nowhere yet: the put makes it on `target`
+
+
+async def plan_put(requests: Requests, client: ClusterClient, asking: str, ns_path: str,
+                   chosen: str | None) -> PutPlan:
+    """Node `chosen` if given; else the node holding the original now (it is replaced there, as a
+    write through the mount would); else `asking`, as a create through its mount would."""
+    found = await requests.where(client, asking, ns_path)
+    if found.nearest is not None and found.nearest.is_dir:
+        raise IsADirectoryError(errno.EISDIR, f"{ns_path} is a directory (on node {found.nearest.node})")
+    originals = [h.node for h in found.holders if h.replica_of is None]
+    new_parent = False
+    if not originals:
+        parent = (await requests.where(client, asking, posixpath.dirname(ns_path))).nearest
+        if parent is not None and not parent.is_dir:
+            raise NotADirectoryError(errno.ENOTDIR, f"{posixpath.dirname(ns_path)} is a file (on node {parent.node})")
+        new_parent = parent is None
+    return PutPlan(ns_path, chosen or (originals[0] if originals else asking), found, new_parent)
+
+
+async def put_open(client: ClusterClient, plan: PutPlan, mode: int) -> int:
+    """Start a verified whole-file write on the plan's target: a handle for `write`, then finish or PutAbort."""
+    try:
+        return await client.ask(plan.target, msg.PutOpen(plan.path, mode & 0o7777))
+    except OSError as exc:
+        if exc.errno == errno.ENOSYS:
+            raise GmountError(f"node {plan.target} cannot take writes from outside its mount: its daemon "
+                              "has no 'put' operation (restart the cluster with this gmountpy)") from None
+        raise
+
+
+async def finish_put(client: ClusterClient, plan: PutPlan, handle: int, size: int, sha256: str) -> None:
+    """Check what landed against (size, sha256) and rename it into place; then the new file is the only one."""
+    await client.ask(plan.target, msg.PutClose(handle, size, sha256), timeout=60.0 + size / 20e6)
+    if plan.new_parent:
+        await client.ask(plan.target, msg.Rescan())  # the parents the put made: their homes hear of them now
+    for holder in plan.found.holders:
+        if holder.node != plan.target and not holder.is_dir:
+            try:
+                await client.ask(holder.node, msg.Unlink(plan.path))
+            except FileNotFoundError:
+                pass

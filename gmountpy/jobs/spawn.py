@@ -11,6 +11,11 @@ polls them and must be able to stop every one of them on Ctrl-C. So
   side runs the command under `setsid` and watches its stdin: when the
   local end goes away (stopped, killed, or the connection drops) the remote
   process group is sent SIGTERM, then SIGKILL, so nothing is left behind.
+
+Why OpenSSH's client here and asyncssh in the launcher ("SSH: two clients" in
+docs/design.md): a job must be a process its executor owns, with its output
+written by the kernel to the executor's files, and make starts one per recipe.
+`ssh_argv` reads the cluster file's `[ssh]` table as the launcher does.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from ..cluster.config import NodeSpec, SshOptions
+from ..errors import GmountError
 
 __all__ = ["Spawned", "local_argv", "ssh_argv"]
 
@@ -92,6 +98,9 @@ def ssh_argv(node: NodeSpec, options: SshOptions, command: str, cwd: str, env: M
             "-o", "ServerAliveInterval=30"]
     if options.config is None:
         argv += ["-F", "/dev/null"]
+    elif len(options.config) > 1:  # asyncssh reads them all; one silently dropped here would differ
+        raise GmountError(f"[ssh] config lists {len(options.config)} files, but jobs on SSH nodes start with "
+                          f"OpenSSH's ssh, which reads one: name one file, with Include lines for the others")
     elif options.config:
         argv += ["-F", options.config[0]]
     if node.ssh_port != 22:
