@@ -109,6 +109,7 @@ class _Running:
     via: str                      # "shell" (the command itself) or "snakemake" (the job's own Snakemake)
     because: str = ""             # why the job needed its own Snakemake process
     placed_by: str = "daemon"     # "daemon" (its job socket) or "api" (Cluster.place: no job socket)
+    cancelled: bool = False       # stopped by cancel_jobs (Snakemake may call it more than once)
 
 
 class Executor(RemoteExecutor):
@@ -225,6 +226,8 @@ class Executor(RemoteExecutor):
     async def check_active_jobs(self, active_jobs: list[SubmittedJobInfo]) -> AsyncGenerator[SubmittedJobInfo, None]:
         for job_info in active_jobs:
             running: _Running = job_info.aux["gmount"]
+            if running.cancelled:  # cancel_jobs stopped it and logged it: Snakemake is stopping
+                continue
             status = running.spawned.poll()
             if status is None:
                 yield job_info
@@ -246,9 +249,12 @@ class Executor(RemoteExecutor):
     def cancel_jobs(self, active_jobs: list[SubmittedJobInfo]) -> None:
         """Stop every running job (SIGTERM to its process group, SIGKILL after the grace time)."""
         jobs: list[tuple[SubmittedJobInfo, _Running]] = [(j, j.aux["gmount"]) for j in active_jobs
-                                                          if j.aux and "gmount" in j.aux]
+                                                          if j.aux and "gmount" in j.aux
+                                                          and not j.aux["gmount"].cancelled]
         if not jobs:
             return
+        for _, running in jobs:
+            running.cancelled = True
         with ThreadPoolExecutor(max_workers=min(32, len(jobs))) as pool:
             statuses = list(pool.map(lambda item: item[1].spawned.stop(self.settings.stop_grace), jobs))
         for (job_info, running), status in zip(jobs, statuses, strict=True):

@@ -428,7 +428,7 @@ rule slow:
     assert wait_for(lambda: not processes_mentioning(f"sleep {token}") and not processes_mentioning(workdir),
                     timeout=15), (processes_mentioning(f"sleep {token}"), processes_mentioning(workdir))
     records = placement_records(cwd / "placement.jsonl")
-    assert len(records) == 4 and all(r.get("cancelled") for r in records), records
+    assert len(records) == 4 and all(r.get("cancelled") for r in records), json.dumps(records, indent=0)
     assert not list(cwd.glob("out/*"))
 
 
