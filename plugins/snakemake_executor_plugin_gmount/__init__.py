@@ -234,7 +234,8 @@ class Executor(RemoteExecutor):
             command = command.replace(self.head_mount + "/", target_mount + "/")
         with open(self._on_disk(base + ".out"), "wb") as out, open(self._on_disk(base + ".err"), "wb") as err:
             try:
-                spawned = self.cluster.spawn(command, on=node, cwd=self.directory, env=env, stdout=out, stderr=err)
+                spawned = self.cluster.spawn(command, on=node, cwd=self.directory, env=env, stdout=out, stderr=err,
+                                             job=f"{job.name} #{job.jobid}", kind="snakemake")
             except (GmountError, OSError) as exc:
                 raise WorkflowError(f"gmount executor: cannot start job {job.name} on node {node}: {exc}") from None
         via = "shell" if direct is not None else "snakemake"
