@@ -58,6 +58,7 @@ from snakemake_interface_executor_plugins.settings import CommonSettings, Execut
 from gmountpy import GmountError
 from gmountpy.api import Cluster, Spawned
 from gmountpy.cluster import jobsocket
+from gmountpy.jobs.runlog import with_run_summary
 
 #: How often running jobs are polled: they are local processes (or local ssh clients), so a poll is a
 #: waitpid per job; a job's end is seen this soon.
@@ -275,6 +276,8 @@ class Executor(RemoteExecutor):
                     f"gmount: job {job_info.job.name} ({job_info.job.jobid}) failed on node {running.node}: {why}. "
                     f"Its stderr there:\n{said}\n(whole log: {running.stderr})\n"), aux_logs=[running.stderr])
 
+    shutdown = with_run_summary(RemoteExecutor.shutdown)  # the run's summary line at its end
+
     def cancel_jobs(self, active_jobs: list[SubmittedJobInfo]) -> None:
         """Stop every running job (SIGTERM to its process group, SIGKILL after the grace time)."""
         jobs: list[tuple[SubmittedJobInfo, _Running]] = [(j, j.aux["gmount"]) for j in active_jobs
@@ -300,7 +303,7 @@ class Executor(RemoteExecutor):
             "reason": running.reason, "inputs": running.inputs, "input_bytes_local": running.local_bytes,
             "input_bytes_remote": running.remote_bytes,
             "seconds": round(time.monotonic() - running.spawned.started, 3), "exit": status,
-            "via": running.via, "placed_by": running.placed_by,
+            "via": running.via, "placed_by": running.placed_by, "time": round(time.time(), 3),
         }
         if running.because:
             record["snakemake_because"] = running.because
