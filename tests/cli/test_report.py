@@ -12,8 +12,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import pytest
-
 from gmountpy import Cluster
 from gmountpy.jobs.runlog import read_log
 
