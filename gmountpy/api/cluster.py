@@ -332,8 +332,11 @@ class Cluster:
 
         Where it lands: node `on` if given; else the node holding the file
         now (it is replaced there, as a write through the mount would);
-        else the asking node (`from_node`, default as in the module doc), as
-        a create through its mount would. The bytes go to a temporary file on that node, checked
+        else near the data of its directory: the node holding the directory
+        (of several, the one with the most bytes of files in it, then the
+        nearest), or its parent's when it does not exist yet, and so on up;
+        the asking node (`from_node`, default as in the module doc) when only
+        the namespace root is found. The bytes go to a temporary file on that node, checked
         by size and SHA-256, then renamed into place: readers see the old
         file or the whole new one. Copies of the path on other nodes are
         removed afterwards, so the new file is the only one.
@@ -351,7 +354,8 @@ class Cluster:
         return self._files.write_from(path, source, on, mode, from_node)
 
     def mkdir(self, path: PathLike, *, on: str | Node | None = None, from_node: str | Node | None = None) -> str:
-        """Make a directory (and missing parents) in one node's export (`on`, default the asking node).
+        """Make a directory (and missing parents) in one node's export: `on`, else the node holding its
+        parent directory (chosen as for a new file by `write_bytes`).
 
         FileExistsError if the name exists on any node.
         """

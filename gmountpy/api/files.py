@@ -7,6 +7,7 @@ import dataclasses
 import errno
 import hashlib
 import os
+import posixpath
 import threading
 from collections.abc import Iterable
 from typing import IO, TypeVar
@@ -115,12 +116,13 @@ class Files:
 
     def mkdir(self, path: PathLike, *, on: str | Node | None = None, from_node: str | Node | None = None) -> str:
         ns_path, asking = self._paths.resolve(path, from_node)
-        target = self._view.node_name(on) if on is not None else asking
+        chosen = self._view.node_name(on) if on is not None else None
 
         async def main(client: ClusterClient) -> str:
             found = await self._requests.where(client, asking, ns_path)
             if found.nearest is not None:
                 raise FileExistsError(errno.EEXIST, f"{ns_path} exists (on node {found.nearest.node})")
+            target = chosen or await self.near_directory(client, asking, ns_path)
             await client.ask(target, msg.Mkdir(ns_path, 0o755))  # (with its parents) in `target`'s export
             await client.ask(target, msg.Rescan())  # its homes hear of it now, not at the next scan
             return target
@@ -135,6 +137,32 @@ class Files:
             return tuple(await client.ask(asking, msg.Remove(ns_path)))
 
         return self._requests.run(main)
+
+    async def near_directory(self, client: ClusterClient, asking: str, ns_path: str) -> str:
+        """The node for a new name written from outside the mounts: near the data of its directory.
+
+        The node whose export holds the name's directory -- of several, the one holding the most
+        bytes of files directly in it, then the nearest to `asking`; a directory no node has yet:
+        the same for its parent, and so on up. Below the namespace root nothing is held (or only
+        the root is): `asking`, as a create through its mount would.
+        """
+        directory = posixpath.dirname(ns_path)
+        while directory != "/":
+            found = await self._requests.where(client, asking, directory)
+            holders = [h.node for h in found.holders if h.is_dir and h.replica_of is None]  # nearest first
+            if len(holders) == 1:
+                return holders[0]
+            if holders:
+                held = dict.fromkeys(holders, 0)
+                for entry in (await self._requests.listing(client, asking, directory)).entries:
+                    if entry.kind == "file":
+                        for node in entry.holders:
+                            if node in held:
+                                held[node] += entry.size
+                most = max(held.values())
+                return next(node for node in holders if held[node] == most)
+            directory = posixpath.dirname(directory)
+        return asking
 
     def checksum(self, path: PathLike, from_node: str | Node | None = None) -> tuple[int, str]:
         ns_path, asking = self._paths.resolve(path, from_node)
@@ -199,7 +227,7 @@ class Files:
             if found.nearest is not None and found.nearest.is_dir:
                 raise IsADirectoryError(errno.EISDIR, f"{ns_path} is a directory (on node {found.nearest.node})")
             originals = [h.node for h in found.holders if h.replica_of is None]
-            target = chosen or (originals[0] if originals else asking)
+            target = chosen or (originals[0] if originals else await self.near_directory(client, asking, ns_path))
             try:
                 handle = await client.ask(target, msg.PutOpen(ns_path, mode & 0o7777))
             except OSError as exc:
