@@ -16,6 +16,16 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+def print_whole(table: Table) -> None:
+    """Print a table to stdout: to a terminal within its width (columns set to fold wrap there);
+    to a file or pipe as wide as its widest row, so that scripts get every path whole."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    width = max(console.measure(table, options=console.options.update(width=1_000_000)).maximum, 20)
+    Console(width=width, color_system=None).print(table)
+
+
 def spec_from(path: str) -> ClusterSpec:
     return load_spec(path)
 

@@ -10,7 +10,7 @@ from ..cluster.state import ClusterState
 from ..errors import GmountError
 from ..protocol.client import ask, run_sync
 from ..protocol.messages import HolderRow, Where
-from ._common import console
+from ._common import console, print_whole
 
 
 def _resolve(path: str, cluster_file: str | None, node: str | None) -> tuple[ClusterState, str, str]:
@@ -54,9 +54,9 @@ def command(paths: tuple[str, ...], cluster_file: str | None, node: str | None, 
                 continue
             table = Table(title=path, show_edge=False, title_justify="left")
             for column in ("node", "site", "size", "rtt ms", "path on node"):
-                table.add_column(column)
+                table.add_column(column, overflow="fold")  # a path too wide for the terminal wraps, never cut
             for h in holders:
                 table.add_row(h["node"], h["site"], str(h["size"]), f"{h['rtt_ms']:g}", h["export_path"])
-            console.print(table)
+            print_whole(table)
     if missing:
         raise SystemExit(1)
