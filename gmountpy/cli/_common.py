@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
@@ -16,14 +16,14 @@ console = Console()
 err_console = Console(stderr=True)
 
 
-def print_whole(table: Table) -> None:
-    """Print a table to stdout: to a terminal within its width (columns set to fold wrap there);
-    to a file or pipe as wide as its widest row, so that scripts get every path whole."""
+def print_whole(renderable: RenderableType) -> None:
+    """Print tables to stdout: to a terminal within its width (columns set to fold wrap there);
+    to a file or pipe as wide as the widest row, so that scripts get every path whole."""
     if console.is_terminal:
-        console.print(table)
+        console.print(renderable)
         return
-    width = max(console.measure(table, options=console.options.update(width=1_000_000)).maximum, 20)
-    Console(width=width, color_system=None).print(table)
+    width = max(console.measure(renderable, options=console.options.update(width=1_000_000)).maximum, 20)
+    Console(width=width, color_system=None).print(renderable)
 
 
 def spec_from(path: str) -> ClusterSpec:

@@ -23,7 +23,7 @@ from ..api.results import human_size
 from ..cluster import state as state_store
 from ..cluster.state import ClusterState
 from ..protocol.client import open_client
-from ._common import console
+from ._common import console, print_whole
 
 
 @click.command("top")
@@ -66,7 +66,7 @@ async def _watch(state: ClusterState, once: bool, as_json: bool, interval: float
                 elif live is not None:
                     live.update(render(after, per_second, interval), refresh=True)
                 else:
-                    console.print(render(after, per_second, interval))
+                    print_whole(render(after, per_second, interval, live=not once))
                 if once:
                     return
                 before = after
@@ -88,11 +88,12 @@ def to_json(now: Sample, per_second: dict[str, dict[str, float]], interval: floa
     }
 
 
-def render(now: Sample, per_second: dict[str, dict[str, float]] | None, interval: float) -> Group:
+def render(now: Sample, per_second: dict[str, dict[str, float]] | None, interval: float,
+           live: bool = True) -> Group:
     """The nodes' table and the jobs' table (rates are blank until two samples exist)."""
     clock = datetime.fromtimestamp(now.at).strftime("%H:%M:%S")
-    nodes = Table(title=f"cluster {escape(now.cluster)} at {clock}, every {interval:g} s (Ctrl-C quits)",
-                  title_justify="left", show_edge=False)
+    when = f"every {interval:g} s (Ctrl-C quits)" if live else f"rates over {interval:g} s"
+    nodes = Table(title=f"cluster {escape(now.cluster)} at {clock}, {when}", title_justify="left", show_edge=False)
     for column in ("node", "site", "state", "jobs/slots", "read local", "read remote", "served", "req in",
                    "req out"):
         nodes.add_column(column, justify="right" if column.startswith(("read", "served", "req")) else "left")

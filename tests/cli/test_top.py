@@ -182,6 +182,19 @@ def test_the_live_view_in_a_terminal_refreshes_until_ctrl_c(cluster: LocalCluste
     assert "Traceback" not in text
 
 
+def test_once_into_a_pipe_prints_the_tables_whole(cluster: LocalCluster) -> None:
+    label = "a job whose name is much longer than any terminal would show in its column " * 2
+    sleeper = Cluster.open(cluster.spec.name).spawn("sleep 120", on="n1", job=label.strip())
+    try:
+        out = subprocess.run([GMOUNT, "top", cluster.spec.name, "--once"], capture_output=True, text=True,
+                             timeout=60, env={**os.environ, "COLUMNS": "80"})
+    finally:
+        sleeper.stop(grace=1)
+    assert out.returncode == 0, out.stderr
+    assert "rates over 1 s" in out.stdout and "1 job running" in out.stdout
+    assert label.strip() in out.stdout and "…" not in out.stdout
+
+
 def test_a_node_whose_daemon_died_shows_down(cluster: LocalCluster) -> None:
     """Last in this module: it kills n3's daemon (the fixture cleans up the dead node's mount)."""
     os.kill(cluster.state.nodes["n3"].pid, signal.SIGKILL)
