@@ -69,3 +69,14 @@ def test_registering_imports_no_json() -> None:
     out = subprocess.run([sys.executable, "-S", "-c", probe], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_registrations_of_ended_jobs_do_not_pile_up_unread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nobody may run `gmount top` during a long make run: registering also removes ended jobs' files."""
+    folder = Path(registry.jobs_dir("reg-f"))
+    folder.mkdir(parents=True)
+    for pid in range(1000, 1300):  # ended jobs (their start times cannot match)
+        (folder / f"{pid}-1.json").write_text("{}")
+    monkeypatch.setattr(registry, "PRUNE_EVERY", 1)
+    path = registry.register("reg-f", "n1", "this one", os.getpid())
+    assert [p.name for p in folder.iterdir()] == [os.path.basename(str(path))]

@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
 __all__ = ["jobs_dir", "register", "running", "unregister"]
 
+#: registrations of ended jobs are removed by readers, and by about one registration in this many
+#: (those of pids divisible by it): a long run that nobody watches leaves about this many behind
+PRUNE_EVERY = 64
 #: what each registration holds (the daemons' `jobs` reply, one dict per job)
 FIELDS = ("cluster", "node", "job", "kind", "directory", "started", "host", "pid")
 
@@ -77,6 +80,8 @@ def register(cluster: str, node: str, job: str, pid: int, *, kind: str = "job", 
             return None
         finally:
             os.close(fd)
+        if pid % PRUNE_EVERY == 0:  # about one registration in PRUNE_EVERY: nobody may be reading them
+            _live(folder)
         return path
     return None
 
@@ -97,21 +102,8 @@ def running(cluster: str) -> list[dict[str, Any]]:
     """
     import json
 
-    folder = jobs_dir(cluster)
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return []
     found = []
-    for name in names:
-        pid_text, _, rest = name.partition("-")
-        ticks = rest.removesuffix(".json")
-        if not (pid_text.isdigit() and ticks.isdigit() and name.endswith(".json")):
-            continue
-        path = os.path.join(folder, name)
-        if _start_ticks(int(pid_text)) != int(ticks):
-            unregister(path)  # its process ended (or the pid now belongs to another process)
-            continue
+    for path in _live(jobs_dir(cluster)):
         try:
             with open(path, "rb") as f:
                 record = json.loads(f.read())
@@ -120,6 +112,26 @@ def running(cluster: str) -> list[dict[str, Any]]:
         if isinstance(record, dict) and all(key in record for key in FIELDS):
             found.append({key: record[key] for key in FIELDS})
     return sorted(found, key=lambda r: (r["started"], r["pid"]))
+
+
+def _live(folder: str) -> list[str]:
+    """The registrations in `folder` whose process still runs; the others' files are removed."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    live = []
+    for name in names:
+        pid_text, _, rest = name.partition("-")
+        ticks = rest.removesuffix(".json")
+        if not (pid_text.isdigit() and ticks.isdigit() and name.endswith(".json")):
+            continue
+        path = os.path.join(folder, name)
+        if _start_ticks(int(pid_text)) == int(ticks):
+            live.append(path)
+        else:
+            unregister(path)  # its process ended (or the pid now belongs to another process)
+    return live
 
 
 def _start_ticks(pid: int) -> int | None:
