@@ -1,7 +1,9 @@
 """Jobs running on a cluster's nodes, registered by whoever started them: what `gmount top` shows.
 
-Whatever starts a job on a node -- make's `gmount-sh`, the Snakemake
-executor, `Cluster.run` and `Cluster.spawn` -- calls `register` once, with
+Whatever starts a job on a node -- make's wrappers (the C `gmount-job`
+through plugins/gmountpy_make/gmount_registry.h, which writes the same
+files, and `gmount-sh`), the Snakemake executor, `Cluster.run` and
+`Cluster.spawn` -- calls `register` once, with
 the pid of a process on this machine that lives exactly as long as the job
 (the recipe's shell, the local `ssh` client). That writes one small file,
 

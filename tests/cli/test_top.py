@@ -118,17 +118,22 @@ def make_problem() -> str | None:
     return None
 
 
-def test_top_shows_the_recipes_make_runs_with_gmount_mk(cluster: LocalCluster) -> None:
+@pytest.mark.parametrize("wrapper", ["gmount-job", "gmount-sh"])
+def test_top_shows_the_recipes_make_runs_with_gmount_mk(cluster: LocalCluster, wrapper: str) -> None:
+    """make's C wrapper (the default) and the Python one (SSH nodes, daemons without a job socket)."""
     require("GNU make and gmount-sh", make_problem())
-    work = cluster.export("n1") / "top-make"
+    name = f"top-make-{wrapper}"
+    work = cluster.export("n1") / name
     work.mkdir()
-    (cluster.export("n3") / "top-make").mkdir()
-    (cluster.export("n3") / "top-make" / "input.txt").write_text("held by n3\n")
+    (cluster.export("n3") / name).mkdir()
+    (cluster.export("n3") / name / "input.txt").write_text("held by n3\n")
     (work / "Makefile").write_text("include $(shell gmount make-include)\n\n"
                                    "slow.txt: input.txt\n\tsleep 120; cp $< $@\n")
     cluster.rescan()
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
-    make = subprocess.Popen(["make"], cwd=cluster.mount("n1") / "top-make", env=env, stdout=subprocess.PIPE,
+    if wrapper == "gmount-sh":
+        env["GMOUNT_SH"] = str(BIN / "gmount-sh")
+    make = subprocess.Popen(["make"], cwd=cluster.mount("n1") / name, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, preexec_fn=as_terminal_job,
                             start_new_session=True)
     try:
@@ -137,7 +142,7 @@ def test_top_shows_the_recipes_make_runs_with_gmount_mk(cluster: LocalCluster) -
         assert seen, "make's recipe was never registered"
         view = top_json(cluster.spec.name)
         [job] = [j for j in view["jobs"] if j["kind"] == "make"]
-        assert (job["node"], job["job"], job["directory"]) == ("n3", "slow.txt", "/top-make")
+        assert (job["node"], job["job"], job["directory"]) == ("n3", "slow.txt", f"/{name}")
         assert by_node(view)["n3"]["running"] == 1
         os.killpg(make.pid, signal.SIGINT)  # Ctrl-C: to make and its recipes, as a terminal sends it
         make.wait(timeout=60)
