@@ -23,7 +23,8 @@ BASE_PACKAGES = ["fuse3", "libfuse3-dev", "pkg-config", "gcc", "python3-dev"]
 TEST_PACKAGES = ["openssh-server", "openssh-client", "iproute2", "iptables", "util-linux",
                  "libnetfilter-queue-dev", "libmnl-dev",
                  "glusterfs-server", "glusterfs-client",  # the WAN benchmarks' GlusterFS peer, tested too
-                 "bwa", "samtools", "bcftools"]  # the variant-calling workflow run through Snakemake (wgsim: samtools)
+                 "bwa", "samtools", "bcftools",  # the variant-calling workflow run through Snakemake (wgsim: samtools)
+                 "chromium"]  # `gmount report`'s page, looked at in a real (headless) browser
 PIPELINE_PACKAGES = ["make", "montage"]  # the reference pipelines: GNU make and the Montage executables
 
 

@@ -16,6 +16,7 @@ import inspect
 import os
 import re
 import stat
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import pytest
 import trio
 
 from gmountpy._trio import open_nursery
+from gmountpy.cluster import registry
 from gmountpy.cluster import state as state_store
 from gmountpy.cluster.state import ClusterState
 from gmountpy.node import index as index_module
@@ -388,6 +390,17 @@ async def _every_op(state: ClusterState, exports: dict[str, Path], ca: ClusterCA
         assert await n1.ask(msg.Remove("/data/fifo")) == ["n1"]  # as n1's mount removes it: holders and home
         table = {name: [record.host, record.port] for name, record in state.nodes.items()}
         assert await n1.ask(msg.SetPeers(table)) is None
+        # a job registered on this machine, as make's wrapper registers its recipes
+        sleeper = subprocess.Popen(["sleep", "30"])
+        try:
+            registry.register(state.name, "n2", "a target", sleeper.pid, kind="make", directory="/data")
+            jobs = await n1.ask(msg.Jobs())
+            assert [(j["node"], j["job"], j["kind"], j["pid"]) for j in jobs] == [("n2", "a target", "make",
+                                                                                 sleeper.pid)]
+        finally:
+            sleeper.kill()
+            sleeper.wait()
+        assert await n1.ask(msg.Jobs()) == []
 
         # a staged replica on n2
         staged = await n2.ask(msg.Stage("/data/a.txt"))

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .._sync import blocking
+from ..cluster import registry
 from ..errors import GmountError
 from ..jobs.spawn import Spawned
 from .paths import PathLike, Paths
@@ -45,12 +46,26 @@ class Execution:
         directory = self._paths.resolve(cwd, None)[0]
         with Job(self._view.name, node):
             if self._view.is_ssh(node):
-                over_ssh: RunResult = blocking(asyncio.run, self._run_ssh(node, text, directory, timeout, capture))
+                # no local process lives exactly as long as the remote command: this one stands in
+                shown = registry.register(self._view.name, node, job_label(text), os.getpid(), kind="api",
+                                          directory=directory)
+                try:
+                    over_ssh: RunResult = blocking(asyncio.run,
+                                                   self._run_ssh(node, text, directory, timeout, capture))
+                finally:
+                    registry.unregister(shown)
                 return over_ssh
             return self._run_local(node, text, directory, timeout, capture)
 
     def spawn(self, command: str, *, on: str | Node, cwd: PathLike = "/", env: Mapping[str, str] | None = None,
-              stdout: Any = None, stderr: Any = None) -> Spawned:
+              stdout: Any = None, stderr: Any = None, job: str | None = None, kind: str = "api") -> Spawned:
+        spawned = self._start(command, on=on, cwd=cwd, env=env, stdout=stdout, stderr=stderr)
+        registry.register(self._view.name, spawned.node, job or job_label(command), spawned.pid, kind=kind,
+                          directory=self._paths.resolve(cwd, None)[0])
+        return spawned
+
+    def _start(self, command: str, *, on: str | Node, cwd: PathLike, env: Mapping[str, str] | None,
+               stdout: Any, stderr: Any) -> Spawned:
         from ..jobs import spawn as spawning
 
         if not command.strip():
@@ -85,6 +100,7 @@ class Execution:
         process = subprocess.Popen(command, shell=True, cwd=cwd, env={**os.environ, **self._command_env(node)},
                                    stdin=subprocess.DEVNULL if capture else None, stdout=pipe, stderr=pipe,
                                    start_new_session=capture)
+        registry.register(self._view.name, node, job_label(command), process.pid, kind="api", directory=directory)
         try:
             out, err = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -130,6 +146,12 @@ class Execution:
             code = 128 + int(number) if number is not None else 255
         return RunResult(node, command, cwd, code, _text(result.stdout), _text(result.stderr),
                          time.monotonic() - started)
+
+
+def job_label(command: str, width: int = 60) -> str:
+    """A command as `gmount top` shows a job started without a name: one line, at most `width` characters."""
+    line = " ".join(command.split())
+    return line if len(line) <= width else line[:width - 3] + "..."
 
 
 def _kill(process: subprocess.Popen[bytes], group: bool) -> None:

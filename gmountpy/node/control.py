@@ -15,16 +15,18 @@ import os
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
+from ..cluster import registry
 from ..cluster.config import ClusterSpec
 from ..cluster.overlay import Overlay
 from ..protocol import rpc
-from ..protocol.messages import HolderRow, LsEntry, LsReply, StageReply
+from ..protocol.messages import HolderRow, JobRow, LsEntry, LsReply, StageReply
 from ..protocol.tls import NodeCredentials, certificate_problem, expires, load_credentials
 from . import readahead
+from .export import off_loop
 from .index import DirectoryIndex, IndexLocator
 from .locator import Locator
 from .namespace import Namespace
@@ -39,8 +41,8 @@ log = logging.getLogger(__name__)
 
 
 class NodeControl:
-    """Node-wide operations (`where`, `ls`, `remove`, `stage`, `set_peers`, `renew_tls`, `stats`, `shutdown`,
-    `created`)."""
+    """Node-wide operations (`where`, `ls`, `remove`, `stage`, `set_peers`, `renew_tls`, `stats`, `jobs`,
+    `shutdown`, `created`)."""
 
     def __init__(self, me: str, spec: ClusterSpec, overlay: Overlay, *, service: NodeService, pool: PeerPool,
                  locator: Locator, index: DirectoryIndex | None, namespace: Namespace,
@@ -66,7 +68,7 @@ class NodeControl:
     def operations(self) -> dict[str, Callable[..., Awaitable[Any]]]:
         return {"where": self.where, "ls": self.ls, "remove": self.remove,
                 "stage": self.stage, "set_peers": self.set_peers,
-                "renew_tls": self.renew_tls, "stats": self.stats, "shutdown": self.stop,
+                "renew_tls": self.renew_tls, "stats": self.stats, "jobs": self.jobs, "shutdown": self.stop,
                 "created": self.namespace.created_elsewhere}  # a peer created a name: forget "not found"
 
     async def where(self, path: str) -> list[HolderRow]:
@@ -145,6 +147,11 @@ class NodeControl:
                 "peer_handles": usage.handles, "peer_listings": usage.listings,
                 "requests_in_progress": self.limits.in_progress, "requests_refused": self.limits.refused,
                 "readahead_bytes": readahead.NODE_BUDGET.used}
+
+    async def jobs(self) -> list[JobRow]:
+        """The jobs started on this node's machine for its cluster and still running (make, Snakemake, the
+        API register them: gmountpy.cluster.registry), oldest first, whichever node each runs on."""
+        return cast("list[JobRow]", await off_loop(registry.running, self.spec.name))
 
     async def stop(self) -> None:
         self.shutdown.set()

@@ -187,14 +187,16 @@ class IOCounters:
     from this node's export / from other nodes; `write_local`/`write_remote`
     likewise for writes. `served_read`/`served_write`: bytes peers read from
     or wrote to this node's export. Reads the kernel answers from its page
-    cache never reach the daemon and are not counted.
+    cache never reach the daemon and are not counted. `requests_served`:
+    requests this node answered, from peers and clients (`gmount top`'s rate).
     """
 
-    FIELDS = ("read_local", "read_remote", "write_local", "write_remote", "served_read", "served_write")
+    FIELDS = ("read_local", "read_remote", "write_local", "write_remote", "served_read", "served_write",
+              "requests_served")
 
     def __init__(self) -> None:
         self.read_local = self.read_remote = self.write_local = self.write_remote = 0
-        self.served_read = self.served_write = 0
+        self.served_read = self.served_write = self.requests_served = 0
         #: requests this node sent to other nodes, by operation (PeerPool counts them): in the
         #: snapshot as `messages_sent` and `messages.<op>`, so tests and benchmarks count messages/op
         self.messages: Counter[str] = Counter()
@@ -264,6 +266,7 @@ class NodeService:
         self._extra.update(operations)
 
     async def dispatch(self, session: Session, op: str, args: list[Any]) -> Any:
+        self.counters.requests_served += 1
         if op in self._extra:
             check_arguments(op, self._extra[op], args)
             return await self._extra[op](*args)

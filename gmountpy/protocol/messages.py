@@ -298,6 +298,19 @@ class StageReply(TypedDict):
     seconds: float
 
 
+class JobRow(TypedDict):
+    """One job in a `jobs` reply: a job started on the node's machine (gmountpy.cluster.registry)."""
+
+    cluster: str
+    node: str        # the node it runs on
+    job: str         # what it is: a make target, a Snakemake rule, a command
+    kind: str        # who started it: "make", "snakemake", "api"
+    directory: str   # its working directory in the namespace
+    started: float   # seconds since the epoch
+    host: str        # the machine that started it
+    pid: int         # there, a process that lives as long as the job
+
+
 def _typed_dict(value: Any, what: str, kind: type[Any]) -> Any:
     return _dict(value, what, tuple(kind.__required_keys__))
 
@@ -732,6 +745,16 @@ class Stats(Request[dict[str, Any]]):
 
     def decode(self, value: Any) -> dict[str, Any]:
         return _dict(value, self.op, ("node", "pid"))
+
+
+@dataclass(frozen=True)
+class Jobs(Request[list[JobRow]]):
+    """The jobs started on the asked node's machine for its cluster and still running, oldest first."""
+
+    op = "jobs"
+
+    def decode(self, value: Any) -> list[JobRow]:
+        return [cast(JobRow, _typed_dict(row, self.op, JobRow)) for row in _list(value, self.op)]
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ import os
 import sys
 import time
 
-from gmountpy.cluster import mounts
+from gmountpy.cluster import mounts, registry
 
 TYPE_CHECKING = False  # typing is not imported at run time: it costs more than a small recipe
 if TYPE_CHECKING:
@@ -179,6 +179,7 @@ def run_local(cluster: mounts.MountedCluster, node: str, ns_dir: str, command: l
         print(f"gmount-sh: cannot run the recipe of {target} on node {node} in {workdir}: {exc.strerror or exc}",
               file=sys.stderr)
         return 127, True
+    registry.register(cluster.name, node, target, child, kind="make", directory=ns_dir)  # for `gmount top`
     if received:  # came while starting it
         forward(received[-1], None)
     _, status = os.waitpid(child, 0)
