@@ -246,7 +246,7 @@ class Namespace:
             # only a truncating open, which may free a large file's blocks, goes to a thread.
             fd = (await off_loop(self.export.open, path, flags) if flags & os.O_TRUNC
                   else self.export.open(path, flags))
-            opened = FileHandle(path, self.me, Attr.from_stat(os.fstat(fd)), fd=fd)
+            opened = FileHandle(path, self.me, self.export.attr(os.fstat(fd)), fd=fd)
         else:
             reply = await self.peers.ask(location.node, msg.Open(path, flags))
             opened = FileHandle(path, location.node, reply.attr, remote=reply.handle)
@@ -362,7 +362,7 @@ class Namespace:
 
     async def fstat(self, handle: FileHandle) -> Attr:
         if handle.fd is not None:
-            return Attr.from_stat(os.fstat(handle.fd))
+            return self.export.attr(os.fstat(handle.fd))
         return await self.peers.ask(handle.node, msg.Fstat(handle.remote_handle))
 
     async def release(self, handle: FileHandle, *, named: bool = True) -> Attr | None:
@@ -376,7 +376,7 @@ class Namespace:
         final: Attr | None = None
         if handle.fd is not None:
             if handle.wrote:
-                final = Attr.from_stat(os.fstat(handle.fd))
+                final = self.export.attr(os.fstat(handle.fd))
                 if path is not None:
                     self.locator.invalidate(path)
             os.close(handle.fd)
@@ -575,7 +575,7 @@ class Namespace:
         if size is not None:
             if handle is not None and handle.fd is not None:
                 await off_loop(os.ftruncate, handle.fd, size)
-                attr = Attr.from_stat(os.fstat(handle.fd))
+                attr = self.export.attr(os.fstat(handle.fd))
             elif handle is not None:
                 attr = await self.peers.ask(node, msg.Ftruncate(handle.remote_handle, size))
                 if handle.reader is not None:

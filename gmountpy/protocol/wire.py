@@ -34,7 +34,8 @@ import msgpack
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
-VERSION = 1
+#: 2: attributes carry the holder's device and inode number (`Attr.dev`, `Attr.ino`).
+VERSION = 2
 HEADER = struct.Struct(">BI")
 #: A read reply carries at most a few MiB; anything larger is a bug or an attack.
 MAX_FRAME = 16 * 1024 * 1024

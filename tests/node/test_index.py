@@ -1225,7 +1225,7 @@ class OnePeer:
 
 
 def _attr(mode: int = stat.S_IFREG | 0o644, size: int = 1) -> list[int]:
-    return [mode, 1, 0, 0, size, 0, 0, 0, 0, 4096, 0]
+    return list(Attr(mode, 1, 0, 0, size, 0, 0, 0, 0, 4096, 0))
 
 
 @trio_test(autojump=True)
