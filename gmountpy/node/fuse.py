@@ -98,7 +98,7 @@ class GmountOperations(pyfuse3.Operations):
         self.counters = counters if counters is not None else IOCounters()
         self.ttl = attr_ttl
         self.negative_ttl = negative_ttl
-        self.inodes = InodeTable()
+        self.inodes = InodeTable(namespace.site_of)  # numbers from each file's holder: see inodes.py
         self._files: dict[int, FileHandle] = {}
         # Open files are keyed by inode: fh -> inode, inode -> its open fhs.
         self._inode_of: dict[int, int] = {}
@@ -177,7 +177,7 @@ class GmountOperations(pyfuse3.Operations):
             missing.st_ino = 0
             missing.entry_timeout = self.negative_ttl
             return missing
-        return self._entry(self.inodes.remember(path), location.attr)
+        return self._entry(self.inodes.remember(path, location.node, location.attr), location.attr)
 
     def forget(self, inode_list: list[tuple[int, int]]) -> None:  # type: ignore[override]
         for inode, count in inode_list:
@@ -229,8 +229,27 @@ class GmountOperations(pyfuse3.Operations):
         if handles:
             # An open file answers for itself, even if unlinked or renamed meanwhile.
             return self._entry(inode, await self.ns.fstat(self._files[next(iter(handles))]))
-        location = await self.ns.lookup(self.inodes.path(inode))
-        return self._entry(inode, location.attr)
+        return self._entry(inode, await self._attributes_of(inode))
+
+    async def _attributes_of(self, inode: int) -> Attr:
+        """The file's attributes through one of its names (a hard link's other names when one went).
+
+        A name that is now another file's (replaced on another node, or by a copy staged here) is
+        no longer this inode's: ESTALE then has the kernel look the name up again (the VFS retries
+        a path walk once on ESTALE), and the caller sees the file the name has now."""
+        names = self.inodes.names(inode)[::-1] or [self.inodes.path(inode)]
+        for index, path in enumerate(names):
+            try:
+                location = await self.ns.lookup(path)
+            except FileNotFoundError:
+                if index == len(names) - 1:
+                    raise
+                self.inodes.detach(path, inode)
+                continue
+            if self.inodes.is_file_of(inode, location.node, location.attr):
+                return location.attr
+            self.inodes.detach(path, inode)
+        raise OSError(errno.ESTALE, f"inode {inode} is no longer the file its names show")
 
     @_fuse_errors
     async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,
@@ -280,12 +299,12 @@ class GmountOperations(pyfuse3.Operations):
             self._dirs[fh] = (path, entries)
         for index in range(start_id, len(entries)):
             name, location = entries[index]
-            inode = self.inodes.peek(join(path, name))
+            inode = self.inodes.peek(join(path, name), location.node, location.attr)
             if not pyfuse3.readdir_reply(token, os.fsencode(name), self._entry(inode, location.attr), index + 1):
                 self._told.pop(inode, None)  # the kernel did not take these attributes
                 self.inodes.drop_if_unused(inode)
                 break
-            self.inodes.remember(join(path, name))
+            self.inodes.count_lookup(inode)
 
     @_fuse_errors
     async def releasedir(self, fh: int) -> None:
@@ -296,7 +315,7 @@ class GmountOperations(pyfuse3.Operations):
                     ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         path = self._child(parent_inode, name)
         attr = await self._give_to_caller(path, await self.ns.mkdir(path, mode & ~ctx.umask), ctx)
-        return self._entry(self.inodes.remember(path), attr)
+        return self._entry(self.inodes.remember(path, self.ns.me, attr), attr)
 
     @_fuse_errors
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
@@ -307,23 +326,33 @@ class GmountOperations(pyfuse3.Operations):
     @_fuse_errors
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         path = self._child(parent_inode, name)
+        inode = self.inodes.inode(path)
         await self.ns.unlink(path)
         self.inodes.detach(path)
+        self._link_count_changed(inode)
+
+    def _link_count_changed(self, inode: int | None) -> None:
+        """A name of the file `inode` went: its other names show the new link count at once here
+        (the kernel drops the count of its inode itself and asks again)."""
+        if inode is not None:
+            self.ns.forget_attributes(self.inodes.names(inode))
 
     @_fuse_errors
     async def symlink(self, parent_inode: int, name: bytes, target: bytes,
                       ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         path = self._child(parent_inode, name)
         attr = await self._give_to_caller(path, await self.ns.symlink(os.fsdecode(target), path), ctx)
-        return self._entry(self.inodes.remember(path), attr)
+        return self._entry(self.inodes.remember(path, self.ns.me, attr), attr)
 
     @_fuse_errors
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes,
                      flags: int, ctx: pyfuse3.RequestContext) -> None:
         src = self._child(parent_inode_old, name_old)
         dst = self._child(parent_inode_new, name_new)
+        replaced = self.inodes.inode(dst)
         is_dir = await self.ns.rename(src, dst, flags)
         self.inodes.rename(src, dst, is_dir)
+        self._link_count_changed(replaced)
 
     # -- files ---------------------------------------------------------------
 
@@ -370,7 +399,7 @@ class GmountOperations(pyfuse3.Operations):
         path = self._child(parent_inode, name)
         handle = await self.ns.create(path, flags, mode & ~ctx.umask)
         handle.attr = await self._give_to_caller(path, handle.attr, ctx)
-        inode = self.inodes.remember(path)
+        inode = self.inodes.remember(path, handle.node, handle.attr)
         entry = self._entry(inode, handle.attr)
         return await self._file_info(inode, handle), entry
 
@@ -449,14 +478,14 @@ class GmountOperations(pyfuse3.Operations):
         path = self._child(parent_inode, name)
         attr = await self.ns.mknod(path, mode & ~ctx.umask, rdev)
         attr = await self._give_to_caller(path, attr, ctx)
-        return self._entry(self.inodes.remember(path), attr)
+        return self._entry(self.inodes.remember(path, self.ns.me, attr), attr)
 
     @_fuse_errors
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes,
                    ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         dst = self._child(new_parent_inode, new_name)
         attr = await self.ns.link(self.inodes.path(inode), dst)
-        return self._entry(self.inodes.remember(dst), attr)
+        return self._entry(self.inodes.remember(dst, self.ns.me, attr), attr)  # `inode` again: one file
 
     async def _give_to_caller(self, path: str, attr: Attr, ctx: pyfuse3.RequestContext) -> Attr:
         """A root daemon serving other users (allow_other) makes their new files theirs, as the

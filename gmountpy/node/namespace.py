@@ -117,6 +117,12 @@ class Namespace:
             raise _enoent(path)
         return location
 
+    def forget_attributes(self, paths: Iterable[str]) -> None:
+        """These names' attributes changed without a change through them (another name of the same
+        file went): the next lookup asks again."""
+        for path in paths:
+            self.locator.invalidate(path)
+
     async def where(self, path: str) -> list[Location]:
         return await self.locator.find_all(path)
 
@@ -502,6 +508,8 @@ class Namespace:
             raise FileExistsError(errno.EEXIST, f"{dst} exists")
         is_dir = sources[0].attr.is_dir
         holder = sources[0].node
+        if await self._one_file(holder, src, dst, sources, targets):
+            return is_dir  # two names of one file: rename(2) does nothing, both stay
         # the common case, a file on one node and no other `dst` anywhere: renamed and announced in one step
         one_step = (not is_dir and len(sources) == 1 and sources[0].replica_of is None
                     and all(target.node == holder and not target.attr.is_dir for target in targets))
@@ -523,6 +531,16 @@ class Namespace:
                      [next(loc.node for loc in sources if loc.replica_of is None)])
             await self.locator.announce_renamed(src, dst, is_dir, moved)  # no node may say "not found" for dst
         return is_dir
+
+    async def _one_file(self, holder: str, src: str, dst: str, sources: list[Location],
+                        targets: list[Location]) -> bool:
+        """Whether `src` and `dst` are two hard links of one file of `holder` (asked of it when the
+        attributes known say so: they may be older than a change that replaced one of them)."""
+        if sources[0].replica_of is not None or not any(
+                t.node == holder and t.replica_of is None and t.attr.same_file(sources[0].attr) for t in targets):
+            return False
+        both = [await self.peers.ask(holder, msg.Lookup(path)) for path in (src, dst)]
+        return both[0] is not None and both[1] is not None and both[0].same_file(both[1])
 
     async def _rename_file(self, src: str, dst: str, sources: list[Location], targets: list[Location]) -> None:
         originals = [loc for loc in sources if loc.replica_of is None]
