@@ -260,7 +260,26 @@ class Export:
     def mkdir(self, path: str, mode: int, parents: bool = True) -> Attr:
         with self._parent(path, create=parents) as (fd, name):
             os.mkdir(name, mode, dir_fd=fd)
-            return Attr.from_stat(os.stat(name, dir_fd=fd, follow_symlinks=False))
+            return self.attr(os.stat(name, dir_fd=fd, follow_symlinks=False))
+
+    def make_directory_like(self, path: str, mode: int, uid: int, gid: int) -> Attr:
+        """A copy of a directory another node has, with its exact mode (umask, sticky and set-gid
+        bits included) and, where this daemon may give it away, its owner: the kernel checks the
+        permissions of the union's directory against the copy a node shows. Its parent must exist;
+        a copy made meanwhile by another request is kept as it is."""
+        with self._parent(path) as (fd, name):
+            try:
+                os.mkdir(name, 0o700, dir_fd=fd)
+            except FileExistsError:
+                return self.attr(os.stat(name, dir_fd=fd, follow_symlinks=False))
+            current = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if (current.st_uid, current.st_gid) != (uid, gid):
+                try:
+                    os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
+                except PermissionError:
+                    pass  # a daemon that is not root keeps its own files: as its other creates
+            os.chmod(name, stat.S_IMODE(mode), dir_fd=fd, follow_symlinks=False)  # after chown, which clears set-gid
+            return self.attr(os.stat(name, dir_fd=fd, follow_symlinks=False))
 
     def symlink(self, target: str, path: str) -> Attr:
         if "\0" in target:

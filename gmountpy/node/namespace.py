@@ -40,6 +40,7 @@ from ..protocol.attr import Attr
 from ..protocol.messages import DirEntry
 from .export import Export, off_loop, pread, pwrite, split_path
 from .locator import Location, Locator
+from .parents import Parents
 from .peers import PeerPool
 from .readahead import ReadAhead
 from .service import LISTDIR_MAX, MAX_IO
@@ -103,6 +104,7 @@ class Namespace:
         self.export = export
         self.peers = peers
         self.locator = locator
+        self.parents = Parents(me, export, peers, locator, self.lookup)  # those a create or rename makes
         #: Called when another node created a path (the FUSE layer drops the kernel's
         #: negative entries there).
         self.on_created_elsewhere: Callable[[str, bool], Awaitable[None]] | None = None
@@ -271,6 +273,7 @@ class Namespace:
 
     async def create(self, path: str, flags: int, mode: int) -> FileHandle:
         """open(O_CREAT): the existing file if any reachable node has it, else a new one here."""
+        parents = await self.parents.missing_on(self.me, path)
         existing = await self._find_everywhere(path)
         if existing is not None:
             if flags & os.O_EXCL:
@@ -278,8 +281,8 @@ class Namespace:
             if existing.attr.is_dir:
                 raise IsADirectoryError(errno.EISDIR, f"{path} is a directory (on node {existing.node})")
             return await self.open(path, flags & ~(os.O_CREAT | os.O_EXCL))
-        fd = await self._made_here(path, lambda: off_loop(self.export.create, path, flags, mode))
-        attr = Attr.from_stat(os.fstat(fd))
+        fd = await self._made_here(path, lambda: off_loop(self.export.create, path, flags, mode), parents)
+        attr = self.export.attr(os.fstat(fd))
         self.locator.note_created(path, Location(self.me, attr))
         handle = FileHandle(path, self.me, attr, fd=fd, wrote=True)
         await self._announce_created(path)
@@ -290,9 +293,12 @@ class Namespace:
         (the create must follow, or be withdrawn: `_made_here`)."""
         return await self.locator.claim(path, is_dir=is_dir)
 
-    async def _made_here(self, path: str, make: Callable[[], Awaitable[T]]) -> T:
-        """Make the claimed `path` in this export; a failure withdraws the claim."""
+    async def _made_here(self, path: str, make: Callable[[], Awaitable[T]],
+                         parents: list[tuple[str, Attr]]) -> T:
+        """Make the claimed `path` in this export, its missing `parents` first (`Parents.missing_on`);
+        a failure withdraws the claim."""
         try:
+            await self.parents.make(self.me, parents)
             return await make()
         except BaseException:
             with trio.CancelScope(shield=True):
@@ -408,23 +414,26 @@ class Namespace:
     # -- namespace changes ---------------------------------------------------
 
     async def mkdir(self, path: str, mode: int) -> Attr:
-        await self._refuse_existing(path, is_dir=True)
-        attr = await self._made_here(path, lambda: off_loop(self.export.mkdir, path, mode))
+        parents = await self._refuse_existing(path, is_dir=True)
+        attr = await self._made_here(path, lambda: off_loop(self.export.mkdir, path, mode), parents)
         self.locator.note_created(path, Location(self.me, attr))
         await self._announce_created(path, is_dir=True)
         return attr
 
     async def symlink(self, target: str, path: str) -> Attr:
-        await self._refuse_existing(path)
-        attr = await self._made_here(path, lambda: off_loop(self.export.symlink, target, path))
+        parents = await self._refuse_existing(path)
+        attr = await self._made_here(path, lambda: off_loop(self.export.symlink, target, path), parents)
         self.locator.note_created(path, Location(self.me, attr))
         await self._announce_created(path)
         return attr
 
-    async def _refuse_existing(self, path: str, is_dir: bool = False) -> None:
+    async def _refuse_existing(self, path: str, is_dir: bool = False) -> list[tuple[str, Attr]]:
+        """Claim `path` for a create here, EEXIST if it exists; the parents the create makes first."""
+        parents = await self.parents.missing_on(self.me, path)
         existing = await self._find_everywhere(path, is_dir)
         if existing is not None:
             raise FileExistsError(errno.EEXIST, f"{path} exists (on node {existing.node})")
+        return parents
 
     async def _all_holders(self, path: str) -> list[Location]:
         """Every holder, for a change that must reach all of them (EIO if a node cannot be asked)."""
@@ -517,6 +526,7 @@ class Namespace:
             if is_dir:
                 await self._rename_dir(src, dst, sources, targets)
             elif one_step:
+                await self.parents.make_for_rename(holder, src, dst)
                 await self.locator.change(holder, src, msg.Rename(src, dst))
             else:
                 await self._rename_file(src, dst, sources, targets)
@@ -552,6 +562,7 @@ class Namespace:
             if target.attr.is_dir:
                 raise IsADirectoryError(errno.EISDIR, f"{dst} is a directory (on node {target.node})")
         others = [location for location in targets if location.node != holder]
+        await self.parents.make_for_rename(holder, src, dst)
         try:
             await self.peers.ask(holder, msg.Rename(src, dst))
         except PeerUnavailable:
@@ -582,6 +593,7 @@ class Namespace:
                 raise OSError(errno.ENOTEMPTY, f"{dst} is not empty (on node {target.node})")
         for location in sources:
             if location.attr.is_dir:
+                await self.parents.make_for_rename(location.node, src, dst)
                 await self.peers.ask(location.node, msg.Rename(src, dst))
 
     async def setattr(self, path: str, *, mode: int | None = None, size: int | None = None,
@@ -679,8 +691,8 @@ class Namespace:
         node whose mount is used makes the pipe, so a writer and a reader on one node
         talk through it; processes on different nodes each get their own node's pipe.
         """
-        await self._refuse_existing(path)
-        attr = await self._made_here(path, lambda: off_loop(self.export.mknod, path, mode, rdev))
+        parents = await self._refuse_existing(path)
+        attr = await self._made_here(path, lambda: off_loop(self.export.mknod, path, mode, rdev), parents)
         self.locator.note_created(path, Location(self.me, attr))
         await self._announce_created(path)
         return attr
@@ -698,8 +710,8 @@ class Namespace:
                                        f"and links are made on this node ({self.me})")
         if location.attr.is_dir:
             raise PermissionError(errno.EPERM, f"{src} is a directory")
-        await self._refuse_existing(dst)
-        attr = await self._made_here(dst, lambda: off_loop(self.export.link, src, dst))
+        parents = await self._refuse_existing(dst)
+        attr = await self._made_here(dst, lambda: off_loop(self.export.link, src, dst), parents)
         self.locator.note_created(dst, Location(self.me, attr))
         self.locator.learn(src, Location(self.me, attr))  # same inode: nlink changed for both names
         await self._announce_created(dst)

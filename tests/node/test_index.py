@@ -1858,6 +1858,23 @@ def test_index_network_a_truncate_whose_reply_was_lost_is_listed_again() -> None
         machine.teardown()
 
 
+def test_index_network_a_directory_renamed_into_a_directory_its_holder_lacked_is_renamed_with_it() -> None:
+    """Found by the state machine: n2 holds /a, n1 holds /d; n1 renames /a to /d/a, which makes /d
+    on n2 -- recorded at the root's home as n2's too (before, the home never heard of n2's /d),
+    so renaming /d to /a then moves n2's /d and /d/a as well as n1's /d."""
+    machine = IndexNetwork()
+    try:
+        for step in (lambda: machine.mkdir(node="n2", path="/a", fault=None),
+                     lambda: machine.mkdir(node="n1", path="/a", fault=None),  # EEXIST: n2 has it
+                     lambda: machine.mkdir(node="n1", path="/d", fault=None),
+                     lambda: machine.rename(node="n1", src="/a", dst="/d/a", fault=None),
+                     lambda: machine.rename(node="n1", src="/d", dst="/a", fault=None)):
+            step()
+            machine.union_namespace_matches_the_model()
+    finally:
+        machine.teardown()
+
+
 def test_index_network_create_after_a_removal_the_creator_never_heard_of() -> None:
     """Found by the state machine: n2 saw /a on n1, n1 removed it (only its home n1 heard), then
     n1 died. n2 cannot tell "removed" from "out of reach": its create is EIO, never a twin."""
