@@ -65,6 +65,7 @@ class FileHandle:
     remote: int | None = None    # the holder's handle id otherwise
     wrote: bool = False
     reader: ReadAhead | None = None  # sequential read-ahead, remote handles only
+    created: bool = False        # made by this open (O_CREAT of a new name), not an existing file
 
     @property
     def remote_handle(self) -> int:
@@ -271,8 +272,11 @@ class Namespace:
             self.locator.invalidate(path)
         return opened
 
-    async def create(self, path: str, flags: int, mode: int) -> FileHandle:
-        """open(O_CREAT): the existing file if any reachable node has it, else a new one here."""
+    async def create(self, path: str, flags: int, mode: int,
+                     check_existing: Callable[[Attr], None] | None = None) -> FileHandle:
+        """open(O_CREAT): the existing file if any reachable node has it, else a new one here.
+        `check_existing` may refuse to open an existing file (the caller's permission, which the
+        kernel checked for a create of a new name only)."""
         parents = await self.parents.missing_on(self.me, path)
         existing = await self._find_everywhere(path)
         if existing is not None:
@@ -280,11 +284,13 @@ class Namespace:
                 raise FileExistsError(errno.EEXIST, f"{path} exists (on node {existing.node})")
             if existing.attr.is_dir:
                 raise IsADirectoryError(errno.EISDIR, f"{path} is a directory (on node {existing.node})")
+            if check_existing is not None:
+                check_existing(existing.attr)
             return await self.open(path, flags & ~(os.O_CREAT | os.O_EXCL))
         fd = await self._made_here(path, lambda: off_loop(self.export.create, path, flags, mode), parents)
         attr = self.export.attr(os.fstat(fd))
         self.locator.note_created(path, Location(self.me, attr))
-        handle = FileHandle(path, self.me, attr, fd=fd, wrote=True)
+        handle = FileHandle(path, self.me, attr, fd=fd, wrote=True, created=True)
         await self._announce_created(path)
         return handle
 

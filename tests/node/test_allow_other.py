@@ -4,7 +4,8 @@ Run as root, the tests act as user `nobody` and as a second unprivileged user (m
 for the tests when missing, removed after) with setpriv, on clusters made in a
 world-traversable directory. What several users do through a mount is compared with
 what they do in a directory of the same file system without FUSE (the oracle): renames
-and unlinks as the directory's mode and sticky bit allow, paths near PATH_MAX.
+and unlinks as the directory's mode and sticky bit allow, set-uid and set-gid bits
+cleared by their writes, paths near PATH_MAX.
 """
 
 from __future__ import annotations
@@ -236,6 +237,46 @@ def test_other_users_rename_and_unlink_as_the_directorys_mode_and_sticky_bit_all
     assert "EACCES" not in " ".join(seen["mount"][:4]) and "EPERM" in seen["mount"][4]
 
 
+#: Writes and truncates by nobody to a world-writable file of another user, as set-uid and set-gid.
+KILL_MODES = [0o4777, 0o6777, 0o2777, 0o2767, 0o6766, 0o4766]
+KILL_OPS = ["echo y >> {f}", "echo y > {f}", "truncate -s 1 {f}", "truncate -s 0 {f}",
+            "dd if=/dev/zero of={f} bs=1 count=1 seek=5 conv=notrunc status=none"]
+
+
+@pytest.mark.parametrize("holder", ["n1", "n3"])
+def test_a_write_by_another_user_clears_set_uid_and_set_gid_as_the_export_does(
+        shared: tuple[LocalCluster, Path], other_uid: int, holder: str) -> None:
+    """The kernel's FUSE code clears set-uid, and set-gid with group-exec; set-gid without
+    group-exec is cleared when the writer is not in the file's group (ext4's rule), by the daemon."""
+    cluster, oracle = shared
+    name = f"kill-{holder}"
+    directories = {"oracle": oracle / name, "holder": cluster.export(holder) / name}
+    for directory in directories.values():
+        directory.mkdir(mode=0o777)
+        directory.chmod(0o777)
+    cases = [(mode, op, owner) for mode in KILL_MODES for op in KILL_OPS for owner in (0, other_uid)]
+    for i, (mode, _, owner) in enumerate(cases):
+        for directory in directories.values():
+            path = directory / f"f{i}"
+            path.write_text("content\n")
+            os.chown(path, owner, owner)
+            path.chmod(mode)
+    cluster.rescan(holder)
+    differ = []
+    for i, (mode, op, owner) in enumerate(cases):
+        oracle_file, held = directories["oracle"] / f"f{i}", directories["holder"] / f"f{i}"
+        expected = outcome(as_user(NOBODY, op.format(f=oracle_file)))
+        got = outcome(as_user(NOBODY, op.format(f=cluster.mount("n1") / name / f"f{i}")))
+        modes = stat.filemode(os.lstat(oracle_file).st_mode), stat.filemode(os.lstat(held).st_mode)
+        if got != expected or modes[0] != modes[1] or os.lstat(held).st_size != os.lstat(oracle_file).st_size:
+            differ.append(f"{op} on {mode:o} of uid {owner}: export {expected} {modes[0]}, mount {got} {modes[1]}")
+    assert not differ, "\n".join(differ)
+    # the mount shows the cleared bits too (its attributes were refreshed, not kept for attr_ttl)
+    last = len(cases) - 1
+    assert wait_for(lambda: os.stat(cluster.mount("n1") / name / f"f{last}").st_mode
+                    == os.lstat(directories["holder"] / f"f{last}").st_mode, timeout=2.0)
+
+
 @pytest.mark.parametrize("holder", ["n1", "n3"])
 def test_a_path_near_path_max_of_255_byte_names_works_through_the_mount(
         shared: tuple[LocalCluster, Path], holder: str) -> None:
@@ -265,3 +306,27 @@ def test_a_path_near_path_max_of_255_byte_names_works_through_the_mount(
     other = cluster.mount("n3" if holder == "n1" else "n2")
     assert wait_for(lambda: outcome(as_user(NOBODY, f"cat {names[0]}/{names[1]}/{'g' * 255}", cwd=other))
                     == "ok deep")
+
+
+def test_a_create_of_a_name_another_node_made_meanwhile_checks_the_callers_permission(open_base: Path) -> None:
+    """The kernel, which cached the name as missing (negative_ttl), asks to create it and checks only
+    the directory; another node has made it meanwhile, and the daemon opens that file instead (no
+    twin). It must check the caller's permission on it as the kernel would have: before, nobody
+    truncated another user's 0644 file and was given it (the daemon opened and chowned it as root)."""
+    tuning = 'attr_ttl = 0.5\nnegative_ttl = 5.0\nlookup = "flood"'  # flooding: a file copied in is not announced
+    with local_cluster(open_base, f"neg-{os.getpid()}", {"a": ["n1"], "b": ["n3"]}, [("a", "b", 5.0)], tuning,
+                       top="allow_other = true") as cluster:
+        shared = cluster.export("n3") / "w"
+        shared.mkdir(mode=0o777)
+        shared.chmod(0o777)
+        mount = cluster.mount("n1") / "w"
+        for name, mode in (("theirs", 0o644), ("open", 0o666)):
+            assert outcome(as_nobody(f"stat {mount}/{name}")) == "ENOENT"  # cached as missing by n1's kernel
+            (shared / name).write_text("someone's data\n")
+            os.chown(shared / name, 4321, 4321)
+            (shared / name).chmod(mode)
+        assert outcome(as_nobody(f"echo mine > {mount}/theirs")) == "EACCES"
+        assert (shared / "theirs").read_text() == "someone's data\n" and (shared / "theirs").stat().st_uid == 4321
+        assert outcome(as_nobody(f"echo mine > {mount}/open")) == "ok"  # allowed: written, still theirs
+        assert (shared / "open").read_text() == "mine\n" and (shared / "open").stat().st_uid == 4321
+        assert not (cluster.export("n1") / "w").exists()  # no twin either way
