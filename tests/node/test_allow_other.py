@@ -25,6 +25,7 @@ from gmountpy.errors import GmountError
 from gmountpy.node.daemon import check_allow_other
 
 from ..conftest import LocalCluster, fuse_problem, local_cluster, require, wait_for
+from . import posix_conformance
 
 NOBODY = 65534
 AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
@@ -330,3 +331,14 @@ def test_a_create_of_a_name_another_node_made_meanwhile_checks_the_callers_permi
         assert outcome(as_nobody(f"echo mine > {mount}/open")) == "ok"  # allowed: written, still theirs
         assert (shared / "open").read_text() == "mine\n" and (shared / "open").stat().st_uid == 4321
         assert not (cluster.export("n1") / "w").exists()  # no twin either way
+
+
+def test_the_posix_conformance_run_differs_from_the_export_only_where_docs_posix_md_says(
+        shared: tuple[LocalCluster, Path]) -> None:
+    """tests/node/posix_conformance.py through n1's mount and in n1's export: what differs is exactly
+    the deliberate list (docs/posix.md) -- inode numbers, link counts and the multi-user checks agree."""
+    cluster, _ = shared
+    results = posix_conformance.compare(cluster.mount("n1"), cluster.export("n1"))
+    differ = {name: (there, here) for name, there, here in results if there != here}
+    assert set(differ) == set(posix_conformance.DELIBERATE), differ
+    assert len(results) == len(posix_conformance.CHECKS) > 50
