@@ -409,9 +409,23 @@ class GmountOperations(pyfuse3.Operations):
         src = self._child(parent_inode_old, name_old)
         dst = self._child(parent_inode_new, name_new)
         replaced = self.inodes.inode(dst)
+        if ctx.uid != 0:
+            await self._check_sticky_target(dst, ctx)
         is_dir = await self.ns.rename(src, dst, flags)
         self.inodes.rename(src, dst, is_dir)
         self._link_count_changed(replaced)
+
+    async def _check_sticky_target(self, dst: str, ctx: pyfuse3.RequestContext) -> None:
+        """EPERM for a rename over another user's `dst` in a sticky directory, as the kernel checks when
+        it knows `dst`: here it did not (it had the name cached as missing, and another node made
+        it meanwhile), and the daemon would replace it with its own rights."""
+        directory = (await self.ns.lookup(dst.rsplit("/", 1)[0] or "/")).attr
+        if not directory.mode & stat.S_ISVTX or directory.uid == ctx.uid:
+            return
+        for target in await self.ns.where(dst):  # past the caches: one that said "not found" may be why
+            if target.attr.uid != ctx.uid:
+                raise PermissionError(errno.EPERM, f"{dst} is another user's in a sticky directory "
+                                                   f"(on node {target.node})")
 
     # -- files ---------------------------------------------------------------
 

@@ -331,6 +331,15 @@ def test_a_create_of_a_name_another_node_made_meanwhile_checks_the_callers_permi
         assert outcome(as_nobody(f"echo mine > {mount}/open")) == "ok"  # allowed: written, still theirs
         assert (shared / "open").read_text() == "mine\n" and (shared / "open").stat().st_uid == 4321
         assert not (cluster.export("n1") / "w").exists()  # no twin either way
+        # a rename over such a name in a sticky directory (/tmp's mode): the sticky bit protects it
+        sticky = cluster.export("n3") / "t"
+        sticky.mkdir(mode=0o1777)
+        sticky.chmod(0o1777)
+        assert outcome(as_nobody(f"echo mine > {mount}/../t/mine && stat {mount}/../t/theirs")) == "ENOENT"
+        (sticky / "theirs").write_text("someone's data\n")
+        os.chown(sticky / "theirs", 4321, 4321)
+        assert outcome(as_nobody(f"mv {mount}/../t/mine {mount}/../t/theirs")) == "EPERM"
+        assert (sticky / "theirs").read_text() == "someone's data\n"
 
 
 def test_the_posix_conformance_run_differs_from_the_export_only_where_docs_posix_md_says(
