@@ -20,7 +20,7 @@ nox.options.reuse_existing_virtualenvs = True
 
 BASE_PACKAGES = ["fuse3", "libfuse3-dev", "pkg-config", "gcc", "python3-dev"]
 #: the tests run a real sshd and the WAN harness (namespaces, iptables-legacy, the NFQUEUE delay program)
-TEST_PACKAGES = ["openssh-server", "openssh-client", "iproute2", "iptables", "util-linux",
+TEST_PACKAGES = ["openssh-server", "openssh-client", "iproute2", "iptables", "util-linux", "rsync",
                  "libnetfilter-queue-dev", "libmnl-dev",
                  "glusterfs-server", "glusterfs-client",  # the WAN benchmarks' GlusterFS peer, tested too
                  "bwa", "samtools", "bcftools",  # the variant-calling workflow run through Snakemake (wgsim: samtools)

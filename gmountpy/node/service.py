@@ -494,7 +494,7 @@ class NodeService:
         def open_and_stat() -> tuple[int, Attr]:
             fd = self.export.open(path, _int(flags, "flags"))
             try:
-                return fd, Attr.from_stat(os.fstat(fd))
+                return fd, self.export.attr(os.fstat(fd))
             except OSError:
                 os.close(fd)
                 raise
@@ -524,13 +524,13 @@ class NodeService:
             await off_loop(os.fdatasync if datasync else os.fsync, fd)
 
     def op_fstat(self, handles: _Handles, handle: int) -> Attr:
-        return Attr.from_stat(os.fstat(handles.get(handle)))  # the inode is in memory: never waits
+        return self.export.attr(os.fstat(handles.get(handle)))  # the inode is in memory: never waits
 
     async def op_ftruncate(self, handles: _Handles, handle: int, size: int) -> Attr:
         with handles.using(handle) as fd:
             def truncate() -> Attr:
                 os.ftruncate(fd, _int(size, "size"))
-                return Attr.from_stat(os.fstat(fd))
+                return self.export.attr(os.fstat(fd))
             return await off_loop(truncate)
 
     def op_close(self, handles: _Handles, handle: int) -> None:

@@ -1225,7 +1225,7 @@ class OnePeer:
 
 
 def _attr(mode: int = stat.S_IFREG | 0o644, size: int = 1) -> list[int]:
-    return [mode, 1, 0, 0, size, 0, 0, 0, 0, 4096, 0]
+    return list(Attr(mode, 1, 0, 0, size, 0, 0, 0, 0, 4096, 0))
 
 
 @trio_test(autojump=True)
@@ -1854,6 +1854,23 @@ def test_index_network_a_truncate_whose_reply_was_lost_is_listed_again() -> None
         machine.union_namespace_matches_the_model()
         machine.truncate(fault=("n4", True), node="n3", path="/b", size=8)
         machine.union_namespace_matches_the_model()
+    finally:
+        machine.teardown()
+
+
+def test_index_network_a_directory_renamed_into_a_directory_its_holder_lacked_is_renamed_with_it() -> None:
+    """Found by the state machine: n2 holds /a, n1 holds /d; n1 renames /a to /d/a, which makes /d
+    on n2 -- recorded at the root's home as n2's too (before, the home never heard of n2's /d),
+    so renaming /d to /a then moves n2's /d and /d/a as well as n1's /d."""
+    machine = IndexNetwork()
+    try:
+        for step in (lambda: machine.mkdir(node="n2", path="/a", fault=None),
+                     lambda: machine.mkdir(node="n1", path="/a", fault=None),  # EEXIST: n2 has it
+                     lambda: machine.mkdir(node="n1", path="/d", fault=None),
+                     lambda: machine.rename(node="n1", src="/a", dst="/d/a", fault=None),
+                     lambda: machine.rename(node="n1", src="/d", dst="/a", fault=None)):
+            step()
+            machine.union_namespace_matches_the_model()
     finally:
         machine.teardown()
 
