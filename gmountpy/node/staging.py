@@ -25,7 +25,7 @@ from ..protocol.messages import StageReply
 from .export import Export, off_loop
 from .locator import Location
 from .namespace import Namespace
-from .replicas import STAGED_XATTR, Replica, staged_mark
+from .replicas import STAGED_XATTR, STAGING_MARKER, Replica, staged_mark
 from .service import MAX_IO, NodeService, sync_and_hash
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ async def stage_file(namespace: Namespace, service: NodeService, path: str) -> S
         raise OSError(errno.EIO, f"node {namespace.me} cannot stage {path}: its replica table is damaged "
                                  f"({service.replicas.damaged}); see that node's log for how to repair it")
     directory, name = path.rsplit("/", 1)
-    temporary = f"{directory}/.{name}.gmount-stage-{uuid.uuid4().hex[:8]}"
+    temporary = f"{directory}/.{name}{STAGING_MARKER}{uuid.uuid4().hex[:8]}"
     # Durably noted first: a daemon killed mid-copy removes the temporary when it starts again.
     await off_loop(service.replicas.begin_staging, temporary, path)
     try:
