@@ -73,7 +73,8 @@ def remote_prelude(python: str, environ: Mapping[str, str] | None = None) -> str
         return f"{SWITCH}=0; export {SWITCH}; "
     locate = ("import importlib.util as u, os; s = u.find_spec('gmountpy'); "
               "print(os.path.join(os.path.dirname(s.origin), 'jobs', 'libgmount_preload.so'))")
-    return (f"gm_lib=$({shlex.quote(python)} -c {shlex.quote(locate)} 2>/dev/null) && [ -r \"$gm_lib\" ] && "
+    # -P: not the job's directory first on sys.path (a checkout of gmountpy in the namespace is not the install)
+    return (f"gm_lib=$({shlex.quote(python)} -P -c {shlex.quote(locate)} 2>/dev/null) && [ -r \"$gm_lib\" ] && "
             "LD_PRELOAD=\"$gm_lib${LD_PRELOAD:+ $LD_PRELOAD}\" && export LD_PRELOAD; ")
 
 

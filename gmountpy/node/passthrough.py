@@ -116,6 +116,8 @@ class Passthrough:
         if not self._usable:
             assert _lib is not None
             self._usable = bool(_lib.gmount_pt_negotiated())
+            if self._usable:
+                log.info("kernel passthrough negotiated: this node's files are read and written by the kernel")
         return self._usable
 
     def opened(self, inode: int, fh: int, fd: int | None) -> bool:
