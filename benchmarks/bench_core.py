@@ -452,6 +452,7 @@ def run(args: argparse.Namespace, base: Path, holder: dict[str, Any]) -> dict[st
     local_modes = ("bypass", "mount", "sshfs")
     if args.local_io:
         local_io.make_stat_fixtures(export[ME], local_modes, repeats, n_files)
+        make_big_file(export[ME] / "bench" / "mid-n1.bin", args.sshfs_mib * MiB)  # sshfs's read file: smaller
 
     # -- cluster up ------------------------------------------------------------------------
     log(f"starting cluster {name} (4 nodes, 2 sites, default tuning)")
@@ -700,8 +701,9 @@ def local_io_section(args: argparse.Namespace, base: Path, name: str, export: Pa
                 if target is None:
                     continue
                 log(f"local I/O job on {ME}: {mode}, repeat {r + 1}/{args.repeats}")
-                record(mode, local_io.run_job(name, ME, export, target, big, "bench/jstat", mode, r, bypass,
-                                              args.write_mib, args.random_reads))
+                record(mode, local_io.run_job(name, ME, export, target, "bench/mid-n1.bin" if mode == "sshfs" else big,
+                                              "bench/jstat", mode, r, bypass, args.write_mib, args.random_reads,
+                                              args.files))
     if os.geteuid() == 0 and tuple(int(x) for x in platform.release().split("-")[0].split(".")[:2]) >= (6, 9):
         # A second cluster, one node, whose daemon uses kernel passthrough; the read fixture is the same file.
         pt_base = base / "passthrough"
@@ -721,12 +723,13 @@ def local_io_section(args: argparse.Namespace, base: Path, name: str, export: Pa
                 log(f"local I/O job: passthrough, repeat {r + 1}/{args.repeats}")
                 record("passthrough", local_io.run_job(pt_spec.name, "a", pt_export, pt_base / "a" / "mnt", big,
                                                        "bench/jstat", "passthrough", r, False, args.write_mib,
-                                                       args.random_reads))
+                                                       args.random_reads, args.files))
         finally:
             launch.down(pt_spec.name)
     else:
         res.notes.append("passthrough rows skipped: kernel FUSE passthrough needs a root daemon on Linux >= 6.9")
-    local_io.add_rows(res, samples, args.size_mib, args.write_mib, args.random_reads, args.files)
+    read_mib = {mode: args.sshfs_mib if mode == "sshfs" else args.size_mib for mode in local_io.MODES}
+    local_io.add_rows(res, samples, read_mib, args.write_mib, args.random_reads, args.files)
     res.notes.append(
         "job <mode> rows: measured by a job started on n1 with Cluster.run (bypass_job.py), each operation on n1's "
         "export (direct) and then through the mode: bypass = n1's mount with the job's preload library (the "
@@ -794,12 +797,13 @@ def main() -> int:
     parser.add_argument("--no-local-io", dest="local_io", action="store_false",
                         help="skip the local I/O rows of a job (direct, mount, bypass, passthrough, sshfs)")
     parser.add_argument("--write-mib", type=int, help="size written by the local I/O job (default 512)")
-    parser.add_argument("--random-reads", type=int, help="4 KiB random reads by the local I/O job (default 20000)")
+    parser.add_argument("--random-reads", type=int, help="4 KiB random reads by the local I/O job (default 100000)")
     args = parser.parse_args()
     args.files = args.files or (300 if args.quick else 2000)
     args.size_mib = args.size_mib or (128 if args.quick else 1024)
     args.write_mib = args.write_mib or (64 if args.quick else 512)
-    args.random_reads = args.random_reads or (5000 if args.quick else 20_000)
+    args.random_reads = args.random_reads or (20_000 if args.quick else 100_000)
+    args.sshfs_mib = min(args.size_mib, 64 if args.quick else 256)
 
     for problem, ok in (("/dev/fuse is missing or not usable", os.access("/dev/fuse", os.R_OK | os.W_OK)),
                         ("fusermount3 is not installed (Debian package fuse3)", shutil.which("fusermount3"))):
@@ -845,7 +849,7 @@ def main() -> int:
         "cluster": doc["cluster"],
         "targets": doc.get("targets", []),
         "parameters": {"files_per_location": args.files, "read_file_mib": args.size_mib,
-                       "write_mib": args.write_mib, "random_reads": args.random_reads,
+                       "write_mib": args.write_mib, "random_reads": args.random_reads, "sshfs_read_mib": args.sshfs_mib,
                        "repeats": args.repeats, "quick": args.quick, "read_size_bytes": MiB},
         "results": doc["results"],
         "notes": doc["notes"] + log_notes + (["cleanup: " + p for p in problems] if problems else []),

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """The job bench_core.py starts on n1 (with `Cluster.run`, as gmount starts every job) to measure local I/O.
 
-Each measurement is made twice in a row in this one process: on the export directly (the
-baseline) and on the same kind of file through TARGET -- n1's mount, with the job's bypass
-library on or off (GMOUNT_BYPASS), or an sshfs mount of n1's export. One JSON object on
-stdout: {op: [direct, target]} for one repeat.
+Each measurement is made in this one process on the export directly (the baseline) and on
+the same kind of file through TARGET -- n1's mount, with the job's bypass library on or off
+(GMOUNT_BYPASS), or an sshfs mount of n1's export -- twice each, in the order direct, target,
+target, direct. One JSON object on stdout: {op: [direct, target]} for one repeat.
 
     python bypass_job.py --export EXPORT_DIR --target TARGET_DIR --big REL --stat-direct DIR
-                         --stat-target DIR --write-mib N --random N
+                         --stat-target DIR --stat-files N --write-mib N --random N
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import json
 import os
 import random
 import time
+from collections.abc import Callable
 
 MiB = 1 << 20
 
@@ -70,14 +71,20 @@ def write_new(path: str, size: int) -> float:
     return rate
 
 
-def stat_all(directory: str) -> float:
-    """os.stat of every file of a directory never stat'ed before, per second."""
-    names = [os.path.join(directory, name) for name in sorted(os.listdir(directory))]
+def stat_all(names: list[str]) -> float:
+    """os.stat of files never stat'ed before (by name: a listing would warm the kernel's caches), per second."""
     stat = os.stat
     t0 = time.perf_counter()
     for name in names:
         stat(name)
     return len(names) / (time.perf_counter() - t0)
+
+
+def abba(direct: Callable[[int], float], target: Callable[[int], float]) -> list[float]:
+    """[direct, target]: each measured twice, in the order direct, target, target, direct, and averaged, so
+    that neither side is always the first (caches, writeback, a burst of load elsewhere)."""
+    first, second, third, fourth = direct(0), target(0), target(1), direct(1)
+    return [(first + fourth) / 2, (second + third) / 2]
 
 
 def main() -> None:
@@ -87,6 +94,7 @@ def main() -> None:
     parser.add_argument("--big", required=True, help="the read fixture, relative to both directories")
     parser.add_argument("--stat-direct", required=True)
     parser.add_argument("--stat-target", required=True)
+    parser.add_argument("--stat-files", type=int, required=True, help="files f00000... in each stat directory")
     parser.add_argument("--write-mib", type=int, default=512)
     parser.add_argument("--random", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=1)
@@ -94,22 +102,31 @@ def main() -> None:
     direct, target = os.path.join(args.export, args.big), os.path.join(args.target, args.big)
     size = os.path.getsize(direct)
     out: dict[str, list[float]] = {}
-    # sequential read, every cache dropped (the export file's; a mount's own pages too)
-    drop(direct)
-    first = read_all(direct)
-    drop(direct)
-    drop(target)
-    out["read_cold"] = [first, read_all(target)]
-    # sequential read, in the page cache (each side read once before)
+
+    def cold(path: str) -> Callable[[int], float]:
+        def measure(_: int) -> float:
+            drop(direct)  # the export file's pages (the same file for every side)
+            if path != direct:
+                drop(path)  # a mount's own pages of it
+            return read_all(path)
+        return measure
+
+    out["read_cold"] = abba(cold(direct), cold(target))
     read_all(direct)
     read_all(target)
-    out["read_warm"] = [read_all(direct), read_all(target)]
+    out["read_warm"] = abba(lambda _: read_all(direct), lambda _: read_all(target))
     offsets = [random.Random(args.seed).randrange(0, size // 4096) * 4096 for _ in range(args.random)]
-    out["random_4k"] = [random_reads(direct, offsets), random_reads(target, offsets)]
+    out["random_4k"] = abba(lambda _: random_reads(direct, offsets), lambda _: random_reads(target, offsets))
     size_w = args.write_mib * MiB
-    out["write"] = [write_new(os.path.join(args.export, f"written-direct-{os.getpid()}.bin"), size_w),
-                    write_new(os.path.join(args.target, f"written-target-{os.getpid()}.bin"), size_w)]
-    out["stat_cold"] = [stat_all(args.stat_direct), stat_all(args.stat_target)]
+    out["write"] = abba(lambda i: write_new(os.path.join(args.export, f"written-direct-{os.getpid()}-{i}.bin"), size_w),
+                        lambda i: write_new(os.path.join(args.target, f"written-target-{os.getpid()}-{i}.bin"), size_w))
+    half = args.stat_files // 2
+
+    def names(directory: str, part: int) -> list[str]:
+        return [os.path.join(directory, f"f{i:05d}") for i in range(part * half, (part + 1) * half)]
+
+    out["stat_cold"] = abba(lambda i: stat_all(names(args.stat_direct, i)),
+                            lambda i: stat_all(names(args.stat_target, i)))
     print(json.dumps(out))
 
 

@@ -101,7 +101,7 @@ def sshfs_mount(directory: Path, work: Path, log: Callable[[str], None]) -> Iter
 
 
 def run_job(cluster: str, node: str, export: Path, target: Path, big: str, stat_root: str, mode: str, r: int,
-            bypass: bool, write_mib: int, n_random: int) -> dict[str, list[float]]:
+            bypass: bool, write_mib: int, n_random: int, n_files: int) -> dict[str, list[float]]:
     """One job on `node` started as gmount starts jobs; its paired measurements."""
     import json
 
@@ -110,7 +110,7 @@ def run_job(cluster: str, node: str, export: Path, target: Path, big: str, stat_
     command = (f"{sys.executable} {JOB} --export {export} --target {target} --big {big} "
                f"--stat-direct {export / stat_root / f'{mode}-direct-r{r}'} "
                f"--stat-target {target / stat_root / f'{mode}-target-r{r}'} "
-               f"--write-mib {write_mib} --random {n_random} --seed {r + 1}")
+               f"--stat-files {n_files} --write-mib {write_mib} --random {n_random} --seed {r + 1}")
     saved = os.environ.get("GMOUNT_BYPASS")
     os.environ["GMOUNT_BYPASS"] = "1" if bypass else "0"
     try:
@@ -126,18 +126,20 @@ def run_job(cluster: str, node: str, export: Path, target: Path, big: str, stat_
     return measured
 
 
-def add_rows(res: Any, samples: dict[str, dict[str, list[list[float]]]], size_mib: int, write_mib: int,
+def add_rows(res: Any, samples: dict[str, dict[str, list[list[float]]]], read_mib: dict[str, int], write_mib: int,
              n_random: int, n_files: int) -> None:
     """One row per mode and operation: target vs direct, paired per repeat."""
-    labels = {"read_cold": f"seq read {size_mib} MiB, caches dropped", "read_warm": f"seq read {size_mib} MiB, cached",
-              "random_4k": f"random 4 KiB reads ({n_random}, cached)", "write": f"seq write {write_mib} MiB (new file)",
-              "stat_cold": f"cold stat of {n_files} local files"}
     for op, unit in OPS.items():
         for mode in MODES:
             pairs = samples.get(mode, {}).get(op)
             if not pairs:
                 continue
-            res.add(f"job {mode}: {labels[op]}", unit, [p[1] for p in pairs], [p[0] for p in pairs],
+            size = read_mib.get(mode, 0)
+            label = {"read_cold": f"seq read {size} MiB, caches dropped", "read_warm": f"seq read {size} MiB, cached",
+                     "random_4k": f"random 4 KiB reads ({n_random}, cached)",
+                     "write": f"seq write {write_mib} MiB (new file)",
+                     "stat_cold": f"cold stat of {n_files // 2} x 2 local files"}[op]
+            res.add(f"job {mode}: {label}", unit, [p[1] for p in pairs], [p[0] for p in pairs],
                     n_files if op == "stat_cold" else 1, mode=mode, op=op)
 
 
