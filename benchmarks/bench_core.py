@@ -736,7 +736,10 @@ def local_io_section(args: argparse.Namespace, base: Path, name: str, export: Pa
         "default for jobs gmount starts), mount = the same with GMOUNT_BYPASS=0, sshfs = n1's export over sshfs "
         "and ssh to 127.0.0.1, passthrough = a one-node cluster with kernel FUSE passthrough. Writes create a new "
         "file, write it in 1 MiB blocks and close it (it is removed afterwards, untimed). Cold stat = first "
-        "os.stat of each of n fresh empty files (direct: fresh files in the export).")
+        "os.stat of each of n fresh empty files (direct: fresh files in the export). Within a job the two sides "
+        "take turns in slices (32 MiB of a read, 8 MiB of a write, 2000 random reads, 50 stats), each on its own "
+        "descriptor, so load from elsewhere on the machine hits both alike; the slowest fifth of each side's "
+        "slices (those a preemption landed on) is left out. Warm reads: three passes.")
     checks = local_io.targets(res.rows)
     res.targets = checks
     for check in checks:
@@ -796,12 +799,12 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5, help="repetitions per measurement (default 5)")
     parser.add_argument("--no-local-io", dest="local_io", action="store_false",
                         help="skip the local I/O rows of a job (direct, mount, bypass, passthrough, sshfs)")
-    parser.add_argument("--write-mib", type=int, help="size written by the local I/O job (default 512)")
+    parser.add_argument("--write-mib", type=int, help="size written by the local I/O job (default 1024)")
     parser.add_argument("--random-reads", type=int, help="4 KiB random reads by the local I/O job (default 100000)")
     args = parser.parse_args()
     args.files = args.files or (300 if args.quick else 2000)
     args.size_mib = args.size_mib or (128 if args.quick else 1024)
-    args.write_mib = args.write_mib or (64 if args.quick else 512)
+    args.write_mib = args.write_mib or (64 if args.quick else 1024)
     args.random_reads = args.random_reads or (20_000 if args.quick else 100_000)
     args.sshfs_mib = min(args.size_mib, 64 if args.quick else 256)
 

@@ -2,9 +2,10 @@
 """The job bench_core.py starts on n1 (with `Cluster.run`, as gmount starts every job) to measure local I/O.
 
 Each measurement is made in this one process on the export directly (the baseline) and on
-the same kind of file through TARGET -- n1's mount, with the job's bypass library on or off
-(GMOUNT_BYPASS), or an sshfs mount of n1's export -- twice each, in the order direct, target,
-target, direct. One JSON object on stdout: {op: [direct, target]} for one repeat.
+the same file (or kind of file) through TARGET -- n1's mount, with the job's bypass library
+on or off (GMOUNT_BYPASS), or an sshfs mount of n1's export -- the two sides taking turns in
+slices of tens of milliseconds, so that the load of a shared machine falls on both alike.
+One JSON object on stdout: {op: [direct, target]} for one repeat.
 
     python bypass_job.py --export EXPORT_DIR --target TARGET_DIR --big REL --stat-direct DIR
                          --stat-target DIR --stat-files N --write-mib N --random N
@@ -31,60 +32,112 @@ def drop(path: str) -> None:
         os.close(fd)
 
 
-def read_all(path: str) -> float:
-    """MB/s of one sequential read with 1 MiB reads."""
+class Interleaved:
+    """Time two sides in alternating slices (direct, target, direct, ...): a burst of load from
+    elsewhere hits both sides alike, which one measurement after the other would not (a shared
+    2-core machine is busy most of the time). `rates` is work per second of each side's slices,
+    leaving out the slowest fifth of each side's slices: those a preemption landed on."""
+
+    TRIM = 0.2
+
+    def __init__(self) -> None:
+        self.slices: list[list[tuple[float, float]]] = [[], []]  # (work, seconds) per side
+
+    def slice(self, side: int, work: float, action: Callable[[], object]) -> None:
+        t0 = time.perf_counter()
+        action()
+        self.slices[side].append((work, time.perf_counter() - t0))
+
+    def rates(self, scale: float = 1.0) -> list[float]:
+        result = []
+        for side in self.slices:
+            fixed = [s for s in side if s[0] == 0]  # opening, closing: always counted
+            timed = sorted((s for s in side if s[0] > 0), key=lambda s: s[0] / s[1], reverse=True)
+            kept = timed[:max(1, len(timed) - int(len(timed) * self.TRIM))] + fixed
+            result.append(sum(w for w, _ in kept) / sum(t for _, t in kept) / scale)
+        return result
+
+
+def reads(direct: str, target: str, chunk: int) -> list[float]:
+    """MB/s of sequential 1 MiB reads, direct and target taking turns chunk by chunk through the file
+    (each side reads every other chunk, on its own descriptor, so each keeps its read-ahead)."""
     buf = bytearray(MiB)
-    with open(path, "rb", buffering=0) as f:
-        total = 0
-        t0 = time.perf_counter()
-        while got := f.readinto(buf):
-            total += got
-        return total / (time.perf_counter() - t0) / 1e6
-
-
-def random_reads(path: str, offsets: list[int]) -> float:
-    """4 KiB preads at these offsets, per second."""
-    fd = os.open(path, os.O_RDONLY)
+    timing = Interleaved()
+    fds = [os.open(direct, os.O_RDONLY), os.open(target, os.O_RDONLY)]
     try:
-        pread = os.pread
-        t0 = time.perf_counter()
-        for offset in offsets:
-            pread(fd, 4096, offset)
-        return len(offsets) / (time.perf_counter() - t0)
+        size = os.fstat(fds[0]).st_size
+        for n, start in enumerate(range(0, size, chunk)):
+            side = n % 2
+
+            def read_chunk(fd: int = fds[side], start: int = start) -> None:
+                for offset in range(start, min(start + chunk, size), MiB):
+                    os.preadv(fd, [buf], offset)
+
+            timing.slice(side, min(chunk, size - start), read_chunk)
     finally:
-        os.close(fd)
+        for fd in fds:
+            os.close(fd)
+    return timing.rates(1e6)
 
 
-def write_new(path: str, size: int) -> float:
-    """MB/s of creating `path` and writing `size` bytes in 1 MiB writes, then closing it; the file
-    is removed afterwards (unwritten-back pages of a removed file cost the disk nothing)."""
+def random_reads(direct: str, target: str, offsets: list[int], block: int = 2000) -> list[float]:
+    """4 KiB preads per second at these offsets, direct and target taking turns every `block` reads."""
+    timing = Interleaved()
+    fds = [os.open(direct, os.O_RDONLY), os.open(target, os.O_RDONLY)]
+    pread = os.pread
+    try:
+        for n, start in enumerate(range(0, len(offsets), block)):
+            part = offsets[start:start + block]
+
+            def read_part(fd: int = fds[n % 2], part: list[int] = part) -> None:
+                for offset in part:
+                    pread(fd, 4096, offset)
+
+            timing.slice(n % 2, len(part), read_part)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return timing.rates()
+
+
+def writes(direct: str, target: str, size: int, chunk: int) -> list[float]:
+    """MB/s of creating a new file and writing it in 1 MiB writes, then closing it, the two files taking
+    turns chunk by chunk; the files are removed afterwards (pages never written back cost nothing)."""
     block = os.urandom(MiB)
-    t0 = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        for _ in range(size // MiB):
-            os.write(fd, block)
-    finally:
-        os.close(fd)
-    rate = size / (time.perf_counter() - t0) / 1e6
-    os.unlink(path)
-    return rate
+    timing = Interleaved()
+    fds: list[int] = []
+    for side, path in enumerate((direct, target)):
+        timing.slice(side, 0, lambda path=path: fds.append(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                                                                   0o644)))
+    for n in range(2 * (size // chunk)):
+
+        def write_chunk(fd: int = fds[n % 2]) -> None:
+            for _ in range(chunk // MiB):
+                os.write(fd, block)
+
+        timing.slice(n % 2, chunk, write_chunk)
+    for side in (0, 1):
+        timing.slice(side, 0, lambda fd=fds[side]: os.close(fd))
+    os.unlink(direct)
+    os.unlink(target)
+    return timing.rates(1e6)
 
 
-def stat_all(names: list[str]) -> float:
-    """os.stat of files never stat'ed before (by name: a listing would warm the kernel's caches), per second."""
+def stats(direct: list[str], target: list[str], block: int = 50) -> list[float]:
+    """os.stat per second of files never stat'ed before (by name: a listing would warm the kernel's
+    caches), direct and target taking turns every `block` files."""
+    timing = Interleaved()
     stat = os.stat
-    t0 = time.perf_counter()
-    for name in names:
-        stat(name)
-    return len(names) / (time.perf_counter() - t0)
+    for n, start in enumerate(range(0, len(direct), block)):
+        for side in ((0, 1) if n % 2 == 0 else (1, 0)):
+            part = (direct, target)[side][start:start + block]
 
+            def stat_part(part: list[str] = part) -> None:
+                for name in part:
+                    stat(name)
 
-def abba(direct: Callable[[int], float], target: Callable[[int], float]) -> list[float]:
-    """[direct, target]: each measured twice, in the order direct, target, target, direct, and averaged, so
-    that neither side is always the first (caches, writeback, a burst of load elsewhere)."""
-    first, second, third, fourth = direct(0), target(0), target(1), direct(1)
-    return [(first + fourth) / 2, (second + third) / 2]
+            timing.slice(side, len(part), stat_part)
+    return timing.rates()
 
 
 def main() -> None:
@@ -101,32 +154,24 @@ def main() -> None:
     args = parser.parse_args()
     direct, target = os.path.join(args.export, args.big), os.path.join(args.target, args.big)
     size = os.path.getsize(direct)
+    chunk = max(MiB, min(32 * MiB, size // 16 // MiB * MiB))
     out: dict[str, list[float]] = {}
-
-    def cold(path: str) -> Callable[[int], float]:
-        def measure(_: int) -> float:
-            drop(direct)  # the export file's pages (the same file for every side)
-            if path != direct:
-                drop(path)  # a mount's own pages of it
-            return read_all(path)
-        return measure
-
-    out["read_cold"] = abba(cold(direct), cold(target))
-    read_all(direct)
-    read_all(target)
-    out["read_warm"] = abba(lambda _: read_all(direct), lambda _: read_all(target))
+    drop(direct)  # the export file's pages (the same file on both sides)
+    if target != direct:
+        drop(target)  # a mount's own pages of it
+    out["read_cold"] = reads(direct, target, chunk)
+    reads(direct, target, chunk)  # the first pass left every chunk of one side uncached on the other
+    reads(target, direct, chunk)
+    warm = [reads(direct, target, chunk) for _ in range(3)]
+    out["read_warm"] = [sum(w[side] for w in warm) / 3 for side in (0, 1)]
     offsets = [random.Random(args.seed).randrange(0, size // 4096) * 4096 for _ in range(args.random)]
-    out["random_4k"] = abba(lambda _: random_reads(direct, offsets), lambda _: random_reads(target, offsets))
-    size_w = args.write_mib * MiB
-    out["write"] = abba(lambda i: write_new(os.path.join(args.export, f"written-direct-{os.getpid()}-{i}.bin"), size_w),
-                        lambda i: write_new(os.path.join(args.target, f"written-target-{os.getpid()}-{i}.bin"), size_w))
-    half = args.stat_files // 2
-
-    def names(directory: str, part: int) -> list[str]:
-        return [os.path.join(directory, f"f{i:05d}") for i in range(part * half, (part + 1) * half)]
-
-    out["stat_cold"] = abba(lambda i: stat_all(names(args.stat_direct, i)),
-                            lambda i: stat_all(names(args.stat_target, i)))
+    out["random_4k"] = random_reads(direct, target, offsets)
+    out["write"] = writes(os.path.join(args.export, f"written-direct-{os.getpid()}.bin"),
+                          os.path.join(args.target, f"written-target-{os.getpid()}.bin"), args.write_mib * MiB,
+                          max(MiB, min(8 * MiB, args.write_mib * MiB // 8 // MiB * MiB)))
+    names = [f"f{i:05d}" for i in range(args.stat_files)]
+    out["stat_cold"] = stats([os.path.join(args.stat_direct, n) for n in names],
+                             [os.path.join(args.stat_target, n) for n in names])
     print(json.dumps(out))
 
 

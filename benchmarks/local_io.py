@@ -9,8 +9,8 @@ plugins start jobs, and measures each operation on n1's export directly and then
 - `passthrough`: the mount of a second cluster whose daemons use kernel FUSE passthrough
   (tuning `passthrough = true`; root only), with GMOUNT_BYPASS=0.
 
-Each repeat runs the modes back to back and each job pairs its two sides, so the ratios
-come from one run on one (shared, noisy) machine.
+Each repeat runs the modes back to back, and each job times its two sides in alternating
+slices, so the ratios come from one run on one (shared, noisy) machine.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def add_rows(res: Any, samples: dict[str, dict[str, list[list[float]]]], read_mi
             label = {"read_cold": f"seq read {size} MiB, caches dropped", "read_warm": f"seq read {size} MiB, cached",
                      "random_4k": f"random 4 KiB reads ({n_random}, cached)",
                      "write": f"seq write {write_mib} MiB (new file)",
-                     "stat_cold": f"cold stat of {n_files // 2} x 2 local files"}[op]
+                     "stat_cold": f"cold stat of {n_files} local files"}[op]
             res.add(f"job {mode}: {label}", unit, [p[1] for p in pairs], [p[0] for p in pairs],
                     n_files if op == "stat_cold" else 1, mode=mode, op=op)
 

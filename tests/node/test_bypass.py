@@ -11,6 +11,7 @@ next job looks.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
@@ -240,3 +241,31 @@ def test_served_off_when_the_cluster_says_bypass_false(tmp_path: Path) -> None:
         assert job(off, "a", "/", f"GMOUNT_BYPASS_STATS={stats} cat in.txt") == "held by a"
         seen = counters(stats)
         assert seen["open_direct"] == 0 and seen["open_mount"] == 1
+
+
+def test_off_within_the_lease_once_the_daemon_is_gone(tmp_path: Path) -> None:
+    """A job's library takes the daemon's word for about a second: once the daemon is gone, the
+    job's calls go to the (dead) mount and fail, as they would have without the bypass."""
+    require("FUSE", fuse_problem())
+    with local_cluster(tmp_path / "c", f"bpgone-{os.getpid()}", {"s": ["a", "b"]}, [],
+                       "attr_ttl = 0.5\nnegative_ttl = 0.5") as gone:
+        (gone.mount("a") / "in.txt").write_text("held by a")
+        lib = bypass.library()
+        assert lib is not None
+        probe = ("import os, sys, time\n"
+                 "path = sys.argv[1]\n"
+                 "print(os.stat(path).st_size, flush=True)\n"
+                 "sys.stdin.readline()\n"
+                 "time.sleep(1.5)\n"
+                 "try:\n    os.stat(path)\n    print('still served')\nexcept OSError as exc:\n    print(exc.errno)\n")
+        with subprocess.Popen([sys.executable, "-c", probe, str(gone.mount("a") / "in.txt")], text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              env={**os.environ, "LD_PRELOAD": lib,
+                                   "GMOUNT_BYPASS_STATS": str(tmp_path / "stats")}) as job:
+            assert job.stdout is not None and job.stdin is not None
+            assert job.stdout.readline() == "9\n"  # served from a's export
+            os.kill(gone.state.nodes["a"].pid, 9)
+            job.stdin.write("go\n")
+            job.stdin.flush()
+            assert job.stdout.readline().strip() == str(errno.ENOTCONN)  # the mount's answer, not the export's
+        assert counters(tmp_path / "stats")["stat_direct"] == 1
