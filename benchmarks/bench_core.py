@@ -737,9 +737,10 @@ def local_io_section(args: argparse.Namespace, base: Path, name: str, export: Pa
         "and ssh to 127.0.0.1, passthrough = a one-node cluster with kernel FUSE passthrough. Writes create a new "
         "file, write it in 1 MiB blocks and close it (it is removed afterwards, untimed). Cold stat = first "
         "os.stat of each of n fresh empty files (direct: fresh files in the export). Within a job the two sides "
-        "take turns in slices (32 MiB of a read, 8 MiB of a write, 2000 random reads, 50 stats), each on its own "
-        "descriptor, so load from elsewhere on the machine hits both alike; the slowest fifth of each side's "
-        "slices (those a preemption landed on) is left out. Warm reads: three passes.")
+        "take turns in slices (8 MiB of a read, each side its own chunks of the file on its own descriptor; 4 MiB "
+        "of a write; 1000 random reads; 50 stats), so load from elsewhere on the machine hits both alike, and a "
+        "side's rate is that of its faster half of slices: with a dozen processes on 2 CPUs many slices wait "
+        "for a CPU, which says nothing about either side. Warm reads: five passes.")
     checks = local_io.targets(res.rows)
     res.targets = checks
     for check in checks:

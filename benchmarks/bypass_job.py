@@ -35,10 +35,11 @@ def drop(path: str) -> None:
 class Interleaved:
     """Time two sides in alternating slices (direct, target, direct, ...): a burst of load from
     elsewhere hits both sides alike, which one measurement after the other would not (a shared
-    2-core machine is busy most of the time). `rates` is work per second of each side's slices,
-    leaving out the slowest fifth of each side's slices: those a preemption landed on."""
+    2-core machine is busy most of the time). `rates` is work per second of the faster half of
+    each side's slices: on a machine where a dozen processes share two CPUs, a good part of the
+    slices are stretched by waiting for a CPU, which says nothing about either side."""
 
-    TRIM = 0.2
+    TRIM = 0.5
 
     def __init__(self) -> None:
         self.slices: list[list[tuple[float, float]]] = [[], []]  # (work, seconds) per side
@@ -80,7 +81,7 @@ def reads(direct: str, target: str, chunk: int) -> list[float]:
     return timing.rates(1e6)
 
 
-def random_reads(direct: str, target: str, offsets: list[int], block: int = 2000) -> list[float]:
+def random_reads(direct: str, target: str, offsets: list[int], block: int = 1000) -> list[float]:
     """4 KiB preads per second at these offsets, direct and target taking turns every `block` reads."""
     timing = Interleaved()
     fds = [os.open(direct, os.O_RDONLY), os.open(target, os.O_RDONLY)]
@@ -154,7 +155,7 @@ def main() -> None:
     args = parser.parse_args()
     direct, target = os.path.join(args.export, args.big), os.path.join(args.target, args.big)
     size = os.path.getsize(direct)
-    chunk = max(MiB, min(32 * MiB, size // 16 // MiB * MiB))
+    chunk = max(MiB, min(8 * MiB, size // 16 // MiB * MiB))
     out: dict[str, list[float]] = {}
     drop(direct)  # the export file's pages (the same file on both sides)
     if target != direct:
@@ -162,13 +163,13 @@ def main() -> None:
     out["read_cold"] = reads(direct, target, chunk)
     reads(direct, target, chunk)  # the first pass left every chunk of one side uncached on the other
     reads(target, direct, chunk)
-    warm = [reads(direct, target, chunk) for _ in range(3)]
-    out["read_warm"] = [sum(w[side] for w in warm) / 3 for side in (0, 1)]
+    warm = [reads(direct, target, chunk) for _ in range(5)]
+    out["read_warm"] = [sum(w[side] for w in warm) / 5 for side in (0, 1)]
     offsets = [random.Random(args.seed).randrange(0, size // 4096) * 4096 for _ in range(args.random)]
     out["random_4k"] = random_reads(direct, target, offsets)
     out["write"] = writes(os.path.join(args.export, f"written-direct-{os.getpid()}.bin"),
                           os.path.join(args.target, f"written-target-{os.getpid()}.bin"), args.write_mib * MiB,
-                          max(MiB, min(8 * MiB, args.write_mib * MiB // 8 // MiB * MiB)))
+                          max(MiB, min(4 * MiB, args.write_mib * MiB // 8 // MiB * MiB)))
     names = [f"f{i:05d}" for i in range(args.stat_files)]
     out["stat_cold"] = stats([os.path.join(args.stat_direct, n) for n in names],
                              [os.path.join(args.stat_target, n) for n in names])

@@ -111,7 +111,7 @@ struct gm_mount {
 
 struct connection {
     _Atomic int busy;
-    int fd;                             /* -1: not connected */
+    int sock;                           /* the socket + 1; 0: not connected (zeroed memory is "none") */
     int mount;                          /* the mount this connection talks to */
 };
 
@@ -520,23 +520,23 @@ static int ask_bytes(int index, char op, const char *request, size_t len, char *
         return 1;  /* every connection busy (many threads, or a signal handler): the mount serves this one */
     int status = 1;
     for (int attempt = 0; attempt < 2; attempt++) {
-        if (c->fd >= 0 && c->mount != index) {
-            sys_close(c->fd);
-            c->fd = -1;
+        if (c->sock && c->mount != index) {
+            sys_close(c->sock - 1);
+            c->sock = 0;
         }
-        if (c->fd < 0) {
-            c->fd = connect_to(m->socket_path);
+        if (!c->sock) {
+            c->sock = connect_to(m->socket_path) + 1;
             c->mount = index;
-            if (c->fd < 0) {
+            if (!c->sock) {
                 mount_off(m);
                 break;
             }
         }
-        status = exchange(c->fd, op, request, len, out, cap, NULL);
+        status = exchange(c->sock - 1, op, request, len, out, cap, NULL);
         if (status >= 0)
             break;
-        sys_close(c->fd);  /* a reused connection may have been closed by a restarted daemon: once more */
-        c->fd = -1;
+        sys_close(c->sock - 1);  /* a reused connection may have been closed by a restarted daemon: once more */
+        c->sock = 0;
         status = 1;
     }
     atomic_store(&c->busy, 0);
@@ -557,9 +557,9 @@ static void after_fork_in_child(void) {
     }
     /* The parent's connections are shared with it: a request from here would mix with its replies. */
     for (int i = 0; i < MAX_CONNECTIONS; i++) {
-        if (connections[i].fd >= 0)
-            sys_close(connections[i].fd);
-        connections[i].fd = -1;
+        if (connections[i].sock)
+            sys_close(connections[i].sock - 1);
+        connections[i].sock = 0;
         atomic_store(&connections[i].busy, 0);
     }
 }
@@ -574,6 +574,9 @@ static void after_fork_in_child(void) {
 static int resolve(int dirfd, const char *path, char *ns, size_t cap) {
     if (path == NULL || path[0] == '\0')
         return -1;
+    size_t given = strlen(path);
+    if (path[given - 1] == '/' || (path[given - 1] == '.' && (given == 1 || path[given - 2] == '/')))
+        return -1;  /* "name/" or "name/.": the kernel's (a directory is meant, ENOTDIR for a file) */
     char full[PATH_MAX];
     if (path[0] == '/') {
         if (strlen(path) >= sizeof(full))
@@ -1395,8 +1398,6 @@ static void adopt_inherited(void) {
 }
 
 __attribute__((constructor)) static void preload_init(void) {
-    for (int i = 0; i < MAX_CONNECTIONS; i++)
-        connections[i].fd = -1;
     pthread_atfork(NULL, NULL, after_fork_in_child);
     adopt_inherited();
 }

@@ -65,7 +65,7 @@ PROTOCOL = "gmount-bypass 1 "
 SERVED, USE_MOUNT = 0, 1
 _HEADER = struct.Struct("<IB3x")
 _REPLY = struct.Struct("<Ii")
-MAX_REQUEST = 8 + 4096
+MAX_REQUEST = 8 + 4096 + 64  # a path, and for a close the bytes moved
 #: How long a job may take the hello's answer as this daemon's word before asking again: a daemon
 #: that stops serving the bypass (or dies) has its jobs back on the mount within this time.
 LEASE = 1.0
@@ -106,9 +106,18 @@ def socket_directory() -> str:
 
 
 def socket_path(cluster: str, node: str) -> str:
-    """Where this daemon listens (sun_path holds 107 bytes: long names fall back to the pid)."""
+    """Where this daemon listens (sun_path holds 107 bytes: long names fall back to the pid). The
+    sockets an earlier daemon of this node left behind (killed) are removed."""
     directory = socket_directory()
-    path = os.path.join(directory, f"{cluster}-{node}-{os.getpid()}.sock")
+    prefix = f"{cluster}-{node}-"
+    for name in os.listdir(directory):
+        pid = name[len(prefix):-len(".sock")]
+        if name.startswith(prefix) and name.endswith(".sock") and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass
+    path = os.path.join(directory, f"{prefix}{os.getpid()}.sock")
     if len(os.fsencode(path)) > 107:
         path = os.path.join(directory, f"{os.getpid()}.sock")
     return path

@@ -221,10 +221,13 @@ def test_directories_symlinks_and_paths_with_dotdot_go_through_the_mount(cluster
     (cluster.mount("n1") / top / "sub" / "f.txt").write_text("file")
     os.symlink("sub", cluster.mount("n1") / top / "link")
     stats = tmp_path / "stats"
-    program = ("import os; print(open('link/f.txt').read(), open('sub/../sub/f.txt').read(), os.path.isdir('sub'), "
-               "os.path.islink('link'), open('./sub//f.txt').read())")
+    program = ("import os\n"
+               "print(open('link/f.txt').read(), open('sub/../sub/f.txt').read(), os.path.isdir('sub'), "
+               "os.path.islink('link'), open('./sub//f.txt').read())\n"
+               "for wrong in ('sub/f.txt/', 'sub/f.txt/.'):\n"
+               "    try:\n        os.stat(wrong)\n    except NotADirectoryError:\n        print('ENOTDIR')")
     out = job(cluster, "n1", f"/{top}", f'GMOUNT_BYPASS_STATS={stats} {sys.executable} -c "{program}"')
-    assert out.split() == ["file", "file", "True", "True", "file"]
+    assert out.split() == ["file", "file", "True", "True", "file", "ENOTDIR", "ENOTDIR"]
     seen = counters(stats)
     assert seen["open_direct"] == 1  # ./sub//f.txt only: a symlink or a ".." on the way is the mount's
     assert seen["open_mount"] >= 1
