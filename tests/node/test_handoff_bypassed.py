@@ -55,9 +55,10 @@ def test_handoff_suites_through_the_preload_library(tmp_path: Path) -> None:
 def test_handoff_suite_with_kernel_passthrough(tmp_path: Path) -> None:
     require("FUSE", fuse_problem())
     require("kernel passthrough", passthrough_problem())
-    # (not the two tests that start clusters of their own to kill holders: remote holders are never passed through)
+    # the tests of files written, read and kept open on one node and another (passthrough changes only how
+    # a node's own files are read and written; the error paths of remote holders are the daemon's as before)
     run_suite(tmp_path, {"GMOUNT_TEST_TUNING": "passthrough = true"}, "tests/node/test_handoff.py",
-              "-k", "not dead_or_hung_holder and not while_a_holder_is_down")
+              "-k", "close_to_open or open_file or release_after_rename or new_end or rotating_writers")
     logs = list((tmp_path / "run").rglob("*.log"))
     negotiated = [log for log in logs if "kernel passthrough negotiated" in log.read_text(errors="replace")]
     assert negotiated, f"no daemon log says passthrough was negotiated ({len(logs)} logs)"
