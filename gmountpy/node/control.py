@@ -35,6 +35,7 @@ from .service import NodeService
 from .staging import stage_file
 
 if TYPE_CHECKING:
+    from .bypass import BypassServer
     from .fuse import GmountOperations
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,8 @@ class NodeControl:
         self.credentials = credentials
         #: The FUSE front end, once mounted (its inode and open-file counts go into `stats`).
         self.mount: GmountOperations | None = None
+        #: The jobs' bypass channel, when served (its counters go into `stats`).
+        self.bypass: BypassServer | None = None
         #: Set by the `shutdown` request (and by the daemon on SIGTERM/SIGINT): time to unmount.
         self.shutdown = trio.Event()
 
@@ -140,6 +143,10 @@ class NodeControl:
         mount: dict[str, Any] = {}
         if self.mount is not None:
             mount = {"inodes": len(self.mount.inodes), "open_files": len(self.mount._files)}
+            if self.mount.passthrough is not None:
+                mount.update(self.mount.passthrough.statistics())
+        if self.bypass is not None:
+            mount["bypass"] = dict(self.bypass.served)
         usage = self.service.usage
         return {**lookup, "node": self.me, "pid": os.getpid(), **mount, "cache_hits": s.hits,
                 "cache_misses": s.misses, "negative_hits": s.negative_hits, "remote_queries": s.remote_queries,

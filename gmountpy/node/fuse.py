@@ -24,6 +24,7 @@ from ..protocol.attr import Attr
 from .inodes import ROOT_INODE, InodeTable
 from .locator import AbsentForNow
 from .namespace import FileHandle, Namespace, join
+from .passthrough import Passthrough
 from .service import IOCounters
 
 log = logging.getLogger(__name__)
@@ -171,6 +172,10 @@ class GmountOperations(pyfuse3.Operations):
         # threads for invalidating entries: the kernel call blocks while that directory is busy
         self._entry_limiter = trio.CapacityLimiter(4)
         namespace.on_created_elsewhere = self.created_elsewhere
+        #: kernel passthrough of this node's files (passthrough.py), when the daemon may use it
+        self.passthrough: Passthrough | None = None
+        #: the mount root's `user.gmount.bypass`: where jobs' preload library asks (bypass.py)
+        self.bypass_xattr: bytes | None = None
 
     # -- helpers ---------------------------------------------------------------
 
@@ -263,6 +268,18 @@ class GmountOperations(pyfuse3.Operations):
             for parent_inode, name in reversed(pairs):
                 await trio.to_thread.run_sync(_invalidate_entry, parent_inode, name, abandon_on_cancel=True,
                                               limiter=self._entry_limiter)
+
+    async def changed_outside(self, path: str) -> None:
+        """This node's file `path` was written without this mount (a job's bypass): drop the kernel's
+        attributes of it, so a stat through this mount shows the new size at once; the next open
+        finds the version changed and drops its pages."""
+        inode = self.inodes.inode(path)
+        if inode is None:
+            return
+        self._told.pop(inode, None)
+        with trio.move_on_after(KERNEL_NOTIFY_WAIT):
+            await trio.to_thread.run_sync(_invalidate_inode, inode, True, abandon_on_cancel=True,
+                                          limiter=self._entry_limiter)
 
     def _remember_negative(self, parent_inode: int, name: str) -> bool:
         """Note a "not found" the kernel will cache; False when too many are tracked (then say it uncached)."""
@@ -440,12 +457,12 @@ class GmountOperations(pyfuse3.Operations):
                 with trio.CancelScope(shield=True):
                     await self.ns.release(handle, named=False)
                 raise
-        info = await self._file_info(inode, handle)
+        info = await self._file_info(inode, handle, flags)
         if drop_setgid and not flags & os.O_TRUNC:
             self._drop_setgid_at_write.add(info.fh)
         return info
 
-    async def _file_info(self, inode: int, handle: FileHandle) -> pyfuse3.FileInfo:
+    async def _file_info(self, inode: int, handle: FileHandle, flags: int) -> pyfuse3.FileInfo:
         """Close-to-open, against what the kernel holds: `handle.attr` is fresh from the holder.
 
         Pages are kept only if the file is unchanged since the last open here (otherwise
@@ -475,6 +492,9 @@ class GmountOperations(pyfuse3.Operations):
         self._open.setdefault(inode, set()).add(fh)
         info = pyfuse3.FileInfo(fh=fh)
         info.keep_cache = keep
+        if self.passthrough is not None and self.passthrough.opened(inode, fh, handle.fd):
+            # the kernel writes the export file itself, unseen here: release reports it as written
+            handle.wrote = handle.wrote or flags & os.O_ACCMODE != os.O_RDONLY
         return info
 
     @_fuse_errors
@@ -489,7 +509,7 @@ class GmountOperations(pyfuse3.Operations):
                 handle.attr = await self._give_to_caller(path, handle.attr, ctx)
             inode = self.inodes.remember(path, handle.node, handle.attr)
             entry = self._entry(inode, handle.attr)
-            return await self._file_info(inode, handle), entry
+            return await self._file_info(inode, handle, flags), entry
         except BaseException:
             # The kernel gets neither the entry nor the handle, so it never forgets or releases
             # them: take the lookup back and close the file here (it stays made, as a failed
@@ -537,6 +557,8 @@ class GmountOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def release(self, fh: int) -> None:
+        if self.passthrough is not None:
+            self.passthrough.released(fh)
         handle = self._files.pop(fh)
         self._drop_setgid_at_write.discard(fh)
         inode = self._inode_of.pop(fh)
@@ -560,6 +582,8 @@ class GmountOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        if inode == ROOT_INODE and name == b"user.gmount.bypass" and self.bypass_xattr is not None:
+            return self.bypass_xattr
         try:
             return await self.ns.getxattr(self.inodes.path(inode), os.fsdecode(name))
         except OSError as exc:

@@ -56,7 +56,7 @@ async def stage_file(namespace: Namespace, service: NodeService, path: str) -> S
     if service.replicas.damaged is not None:
         raise OSError(errno.EIO, f"node {namespace.me} cannot stage {path}: its replica table is damaged "
                                  f"({service.replicas.damaged}); see that node's log for how to repair it")
-    temporary = temporary_name(path, "stage")
+    temporary = temporary_name(path, "stage")  # carries STAGING_MARKER: the bypass never serves it
     # Durably noted first: a daemon killed mid-copy removes the temporary when it starts again.
     await off_loop(service.replicas.begin_staging, temporary, path)
     try:
