@@ -55,6 +55,7 @@ from typing import TypeVar
 import trio
 
 from ..errors import PeerUnavailable
+from ..protocol import messages as msg
 from .export import split_path
 from .inodes import holder_slots
 from .locator import Location
@@ -312,12 +313,12 @@ class BypassServer:
             split_path(path)
             if op not in ("R", "W"):
                 return USE_MOUNT, ""
-            located = self.service.op_locate(path)  # this node's export, as its locator asks it first
-            if located is None or not located[0].is_file:
+            located = self.service.op_locate(msg.Locate(path))  # this node's export, as its locator asks first
+            if located is None or not located.attr.is_file:
                 return self._mount()  # another node's (or nobody's), or not a file
             # A staged replica: writes go to its source; reads only after the lookup that checks the
             # source is unchanged (as an open through the mount would)
-            if located[1] is not None and (op == "W" or not self._on_loop(self._valid_replica, path)):
+            if located.replica is not None and (op == "W" or not self._on_loop(self._valid_replica, path)):
                 return self._mount()
             export_path = os.path.join(self.ns.export.root, *split_path(path))
             if op == "W":

@@ -59,7 +59,7 @@ class Parents:
                 shown = (await self.lookup(directory)).attr
             except OSError as exc:  # new everywhere, or cannot be asked: made as before
                 log.info("%s, if made on %s, is made 0755: it cannot be looked up: %s", directory, node, exc)
-                shown = Attr(DEFAULT_MODE, 2, os.geteuid(), os.getegid(), 0, 0, 0, 0, 0, 0, 0)
+                shown = Attr(DEFAULT_MODE, 2, os.geteuid(), os.getegid(), 0, 0, 0, 0, 0, 0, 0, 0, 0)
             parents.append((directory, shown))
         return parents
 

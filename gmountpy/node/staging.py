@@ -131,12 +131,12 @@ def _mark(export: Export, temporary: str, replica: Replica) -> None:
 def _drop_old_copy(service: NodeService, path: str) -> None:
     """A stale replica of ours at `path` goes before its successor is recorded (a crash in between
     must not leave it unrecorded); an original that appeared here meanwhile is never replaced."""
-    attr = service.op_lookup(path)
+    attr = service.lookup(path)
     if attr is None:
         return
     if service.replica(path, attr) is None:
         raise FileExistsError(errno.EEXIST, f"{path} was created on this node while it was being staged")
-    service.op_unlink(path)
+    service.unlink(path)
 
 
 def _rename_durably(export: Export, temporary: str, path: str) -> None:

@@ -29,8 +29,8 @@ class Attr(NamedTuple):
     blocks: int
     blksize: int
     rdev: int
-    dev: int = 0
-    ino: int = 0
+    dev: int
+    ino: int
 
     @classmethod
     def from_stat(cls, st: os.stat_result, export_dev: int | None = None) -> Attr:
