@@ -9,6 +9,9 @@ One JSON object on stdout: {op: [direct, target]} for one repeat.
 
     python bypass_job.py --export EXPORT_DIR --target TARGET_DIR --big REL --stat-direct DIR
                          --stat-target DIR --stat-files N --write-mib N --random N
+
+The create row makes its own directories (bench/jcreate-*) on both sides, the target's through
+the target: a directory a job made on its node, where its outputs go.
 """
 
 from __future__ import annotations
@@ -141,6 +144,27 @@ def stats(direct: list[str], target: list[str], block: int = 50) -> list[float]:
     return timing.rates()
 
 
+def creates(direct: str, target: str, n: int, block: int = 50) -> list[float]:
+    """open(O_CREAT|O_EXCL) + close per second of n new names in a directory this job makes on each
+    side (mkdir: through the target on its side, so the node that runs the job made it), taking
+    turns every `block` files."""
+    os.mkdir(direct)
+    os.mkdir(target)
+    timing = Interleaved()
+    flags = os.O_CREAT | os.O_WRONLY | os.O_EXCL | os.O_CLOEXEC
+    names = [f"c{i:05d}" for i in range(n)]
+    for k, start in enumerate(range(0, n, block)):
+        for side in ((0, 1) if k % 2 == 0 else (1, 0)):
+            part = [os.path.join((direct, target)[side], name) for name in names[start:start + block]]
+
+            def create_part(part: list[str] = part) -> None:
+                for path in part:
+                    os.close(os.open(path, flags, 0o644))
+
+            timing.slice(side, len(part), create_part)
+    return timing.rates()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--export", required=True)
@@ -173,6 +197,8 @@ def main() -> None:
     names = [f"f{i:05d}" for i in range(args.stat_files)]
     out["stat_cold"] = stats([os.path.join(args.stat_direct, n) for n in names],
                              [os.path.join(args.stat_target, n) for n in names])
+    out["create"] = creates(os.path.join(args.export, "bench", f"jcreate-direct-{os.getpid()}"),
+                            os.path.join(args.target, "bench", f"jcreate-target-{os.getpid()}"), args.stat_files)
     print(json.dumps(out))
 
 

@@ -54,6 +54,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <linux/close_range.h>
@@ -108,6 +109,12 @@ struct gm_mount {
     int mnt_id;                         /* the mount's id (mountinfo's first field, statx's stx_mnt_id) */
     unsigned slot;                      /* this node's slot: the high bits of the mount's inode numbers */
     dev_t export_dev;                   /* the export's own device: its files' numbers are file_ino(slot, 0, ino) */
+    char owner_xattr[64];               /* the mark of a directory this node owns ... */
+    char owner_token[64];               /* ... with this daemon's token ("": it owns none) */
+    uid_t daemon_uid;                   /* the daemon's user and group: a create straight in the export */
+    gid_t daemon_gid;                   /* makes the file the mount would have made only for them */
+    _Atomic uint64_t unreported_in, unreported_out;  /* bytes moved through owned creates, not told yet */
+    _Atomic long long reported_at;      /* when they were last told */
     _Atomic long long lease_until;      /* the hello's answer holds until then */
     pthread_mutex_t hello_lock;
 };
@@ -138,6 +145,7 @@ struct slot {
     _Atomic int refs;            /* descriptors of this process using it; 0: free */
     int index;                   /* the mount */
     int writes;
+    int created;                 /* made here in a directory the node owns: its close is told to nobody */
     int forked;                  /* opened before this process was forked: its parent tells of its close */
     _Atomic uint64_t in, out;    /* bytes read and written */
     dev_t dev;                   /* the file, to tell a descriptor number reused behind our back */
@@ -157,7 +165,7 @@ static void set_slot(int fd, int slot) {
 static _Atomic int cwd_mount = -2;      /* -2: unknown, -1: cwd outside every mount, else its mount */
 
 /* Counters for GMOUNT_BYPASS_STATS (tests and benchmarks check the bypass was used). */
-static _Atomic long n_open_direct, n_open_mount, n_stat_direct, n_stat_mount, n_close_notes;
+static _Atomic long n_open_direct, n_open_mount, n_stat_direct, n_stat_mount, n_close_notes, n_create_direct;
 
 /* ------------------------------------------------------------------ the real functions */
 
@@ -439,12 +447,12 @@ static void mount_off(struct gm_mount *m) {
     atomic_store(&m->state, M_OFF);
 }
 
-/* Parse the hello's payload: export root, staged xattr, staging mark, lease in ms, this node's
- * slot, the export's device. */
+/* Parse the hello's payload: export root, staged xattr, staging mark, lease in ms, slot, export
+ * device, owner xattr, owner token, the daemon's uid and gid. */
 static int hello_fields(struct gm_mount *m, const char *payload, size_t len, long long *lease_ms) {
-    const char *fields[6];
+    const char *fields[10];
     size_t at = 0;
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 10; i++) {
         if (at >= len)
             return -1;
         fields[i] = payload + at;
@@ -452,7 +460,8 @@ static int hello_fields(struct gm_mount *m, const char *payload, size_t len, lon
     }
     if (fields[0][0] != '/' || strlen(fields[0]) >= sizeof(m->export_root) ||
         strlen(fields[1]) >= sizeof(m->staged_xattr) || strlen(fields[2]) >= sizeof(m->staging_mark) ||
-        fields[2][0] == '\0')
+        fields[2][0] == '\0' || strlen(fields[6]) >= sizeof(m->owner_xattr) ||
+        strlen(fields[7]) >= sizeof(m->owner_token))
         return -1;
     long long slot = atoll(fields[4]);
     if (slot < 1 || slot > 65535)
@@ -463,6 +472,10 @@ static int hello_fields(struct gm_mount *m, const char *payload, size_t len, lon
     strcpy(m->staging_mark, fields[2]);
     m->slot = (unsigned)slot;
     m->export_dev = (dev_t)strtoull(fields[5], NULL, 10);
+    strcpy(m->owner_xattr, fields[6]);
+    strcpy(m->owner_token, fields[7]);
+    m->daemon_uid = (uid_t)strtoul(fields[8], NULL, 10);
+    m->daemon_gid = (gid_t)strtoul(fields[9], NULL, 10);
     *lease_ms = atoll(fields[3]);
     return *lease_ms > 0 ? 0 : -1;
 }
@@ -565,6 +578,11 @@ static void after_fork_in_child(void) {
         atomic_store(&slots[i].in, 0);
         atomic_store(&slots[i].out, 0);
         slots[i].forked = 1;
+    }
+    struct mount_table *t = atomic_load(&table);
+    for (int i = 0; t != NULL && i < t->count; i++) {
+        atomic_store(&t->mounts[i]->unreported_in, 0);
+        atomic_store(&t->mounts[i]->unreported_out, 0);
     }
     /* The parent's connections are shared with it: a request from here would mix with its replies. */
     for (int i = 0; i < MAX_CONNECTIONS; i++) {
@@ -676,7 +694,7 @@ static int bypassable_flags(int flags) {
 }
 
 /* A descriptor the bypass opened on mount `index`'s export: its bytes are counted from here. */
-static void track(int fd, int index, int writes) {
+static void track(int fd, int index, int writes, int created) {
     if (fd < 0 || fd >= MAX_TRACKED_FD)
         return;
     for (int i = 0; i < MAX_SLOTS; i++) {
@@ -685,6 +703,7 @@ static void track(int fd, int index, int writes) {
             struct slot *sl = &slots[i];
             sl->index = index;
             sl->writes = writes;
+            sl->created = created;
             sl->forked = 0;
             atomic_store(&sl->in, 0);
             atomic_store(&sl->out, 0);
@@ -833,6 +852,87 @@ static int open_for_writing(int index, const char *ns, int flags) {
 }
 
 /*
+ * A new file in a directory this node owns (gmountpy/node/index/owners.py), made straight in
+ * the export: nobody else holds a lease in such a directory, and the first request of another
+ * node about it waits for this create and lists the export before it is answered. The
+ * directory is held with a shared flock while its mark (owner xattr: "TOKEN PATH") is checked
+ * and the file made; the daemon takes the mark off, then an exclusive flock, to end the
+ * ownership. Only for the daemon's own user and group (the mount makes files theirs). Returns
+ * the descriptor; -1 with errno for a final answer (EEXIST under O_EXCL: the name is here, so it
+ * exists); -2 when the mount must do it (not owned, the name exists, any other error).
+ */
+static int create_owned(int index, const char *ns, int flags, mode_t mode) {
+    struct gm_mount *m = mount_at(index);
+    if (m == NULL || !mount_on(m) || m->owner_token[0] == '\0')
+        return -2;
+    uid_t uid = geteuid();
+    if (uid != m->daemon_uid || (uid != 0 && getegid() != m->daemon_gid))
+        return -2;
+    const char *slash = strrchr(ns, '/');
+    size_t dirlen = (size_t)(slash - ns);  /* 0: the mount's root */
+    const char *name = slash + 1;
+    char dirpath[PATH_MAX], want[sizeof(m->owner_token) + PATH_MAX + 2], mark[sizeof(want)];
+    if (name[0] == '\0' || m->exportlen + dirlen + 1 >= sizeof(dirpath))
+        return -2;
+    memcpy(dirpath, m->export_root, m->exportlen);
+    memcpy(dirpath + m->exportlen, ns, dirlen);
+    dirpath[m->exportlen + dirlen] = '\0';
+    int wanted = snprintf(want, sizeof(want), "%s %.*s", m->owner_token, dirlen ? (int)dirlen : 1, dirlen ? ns : "/");
+    if (wanted < 0 || (size_t)wanted >= sizeof(want))
+        return -2;
+    int saved = errno;
+    struct open_how how = {.flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC,
+                           .resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS};
+    int dfd = (int)syscall(SYS_openat2, AT_FDCWD, dirpath, &how, sizeof(how));
+    if (dfd < 0) {
+        errno = saved;
+        return -2;
+    }
+    int result = -2, err = 0;
+    struct stat st;
+    if (syscall(SYS_fstat, dfd, &st) != 0 || st.st_dev != m->export_dev)
+        goto out;  /* (a file system mounted inside the export: the mount numbers its files) */
+    int locked;
+    while ((locked = flock(dfd, LOCK_SH)) != 0 && errno == EINTR)
+        ;
+    if (locked != 0)
+        goto out;
+    ssize_t n = syscall(SYS_fgetxattr, dfd, m->owner_xattr, mark, sizeof(mark));
+    if (n == wanted && memcmp(mark, want, (size_t)n) == 0) {
+        int fd = (int)syscall(SYS_openat, dfd, name, (flags & ~O_TRUNC) | O_CREAT | O_EXCL | O_NOFOLLOW, mode);
+        if (fd >= 0) {
+            result = fd;
+        } else if (errno == EEXIST && (flags & O_EXCL)) {
+            result = -1;
+            err = EEXIST;
+        }
+    }
+    flock(dfd, LOCK_UN);
+out:
+    sys_close(dfd);
+    errno = result == -1 ? err : saved;
+    return result;
+}
+
+/* Whether the directory of `ns` still carries this daemon's owner mark (a created file's close
+ * is then told to nobody: the first request of another node lists the export). */
+static int still_owned(const struct gm_mount *m, const char *ns) {
+    const char *slash = strrchr(ns, '/');
+    size_t dirlen = slash != NULL ? (size_t)(slash - ns) : 0;
+    char dirpath[PATH_MAX], want[sizeof(m->owner_token) + PATH_MAX + 2], mark[sizeof(want)];
+    if (slash == NULL || m->owner_token[0] == '\0' || m->exportlen + dirlen + 1 >= sizeof(dirpath))
+        return 0;
+    memcpy(dirpath, m->export_root, m->exportlen);
+    memcpy(dirpath + m->exportlen, ns, dirlen);
+    dirpath[m->exportlen + dirlen] = '\0';
+    int wanted = snprintf(want, sizeof(want), "%s %.*s", m->owner_token, dirlen ? (int)dirlen : 1, dirlen ? ns : "/");
+    int saved = errno;
+    ssize_t n = syscall(SYS_lgetxattr, dirpath, m->owner_xattr, mark, sizeof(mark));
+    errno = saved;
+    return wanted > 0 && n == wanted && memcmp(mark, want, (size_t)n) == 0;
+}
+
+/*
  * open/openat of a path in a gmount mount. `real` makes the call through the mount when the
  * bypass does not apply. Returns the descriptor, or -1 with errno as the real call set it.
  */
@@ -844,6 +944,16 @@ static int bypass_open(int dirfd, const char *path, int flags, mode_t mode,
         return real(dirfd, path, flags, mode);
     int writes = accmode_writes(flags);
     int through_mount = -1;
+    if (flags & O_CREAT) {
+        int made = create_owned(index, ns, flags, mode);
+        if (made == -1)
+            return -1;
+        if (made >= 0) {
+            track(made, index, writes, 1);
+            atomic_fetch_add(&n_create_direct, 1);
+            return made;
+        }
+    }
     if (flags & (O_CREAT | O_TRUNC)) {
         /* Creates and truncations go through the mount: the namespace hears of them as always. */
         through_mount = real(dirfd, path, flags, mode);
@@ -868,7 +978,7 @@ static int bypass_open(int dirfd, const char *path, int flags, mode_t mode,
         }
         fd = through_mount;
     }
-    track(fd, index, writes);
+    track(fd, index, writes, 0);
     atomic_fetch_add(&n_open_direct, 1);
     return fd;
 }
@@ -1115,6 +1225,7 @@ GM_EXPORT size_t fwrite(const void *buf, size_t size, size_t n, FILE *stream) {
 struct closing {
     int index;                   /* the mount, -1: not a descriptor of ours */
     int writes;                  /* written and closed here: the daemon announces the file's attributes */
+    int created;                 /* made straight in the export, in a directory this node owned then */
     char ns[PATH_MAX];           /* where the written file is now, in the namespace ("" if unlinked) */
     uint64_t in, out;            /* bytes read and written through it */
 };
@@ -1127,6 +1238,7 @@ struct closing {
  */
 static void closing(int fd, struct closing *c) {
     c->index = -1;
+    c->created = 0;
     c->ns[0] = '\0';
     c->in = c->out = 0;
     if (fd < 0 || fd >= MAX_TRACKED_FD)
@@ -1143,6 +1255,7 @@ static void closing(int fd, struct closing *c) {
     }
     c->index = sl->index;
     c->writes = sl->writes && !sl->forked;
+    c->created = sl->created && !sl->forked;
     if (atomic_load(&sl->refs) == 1) {  /* its last descriptor here: the bytes this image moved through it */
         c->in = atomic_load(&sl->in);
         c->out = atomic_load(&sl->out);
@@ -1165,11 +1278,39 @@ static void closing(int fd, struct closing *c) {
         strcpy(c->ns, target + m->exportlen);
 }
 
+/* The bytes moved through files this process created in owned directories, told with one `D` at
+ * most every second (and at exit): their closes cost no round trip. */
+static void report_bytes(int index, int now) {
+    struct gm_mount *m = mount_at(index);
+    if (m == NULL || (!now && now_ns() - atomic_load(&m->reported_at) < 1000000000LL))
+        return;
+    atomic_store(&m->reported_at, now_ns());
+    uint64_t in = atomic_exchange(&m->unreported_in, 0), out = atomic_exchange(&m->unreported_out, 0);
+    if (in == 0 && out == 0)
+        return;
+    char request[64], reply[16];
+    request[0] = '\0';
+    int extra = snprintf(request + 1, sizeof(request) - 1, "%llu %llu", (unsigned long long)in,
+                         (unsigned long long)out);
+    int saved = errno;
+    ask_bytes(index, 'D', request, 1 + (size_t)extra, reply, sizeof(reply));
+    errno = saved;
+}
+
 /* The descriptor was closed: a written file's attributes reach its directory's home (`C`) before
- * close() returns; the bytes moved are added to the node's counters (`C`, or `D` for the rest). */
+ * close() returns; the bytes moved are added to the node's counters (`C`, or `D` for the rest).
+ * A file made in a directory this node still owns needs no `C`: nobody else holds a lease there,
+ * and the first request of another node about the directory lists the export after this close. */
 static void closed(const struct closing *c) {
     if (c->index < 0 || (!c->writes && c->in == 0 && c->out == 0))
         return;
+    struct gm_mount *m = mount_at(c->index);
+    if (c->created && m != NULL && (!c->writes || (c->ns[0] && still_owned(m, c->ns)))) {
+        atomic_fetch_add(&m->unreported_in, c->in);
+        atomic_fetch_add(&m->unreported_out, c->out);
+        report_bytes(c->index, 0);
+        return;
+    }
     char request[PATH_MAX + 64], reply[16];
     size_t len = strlen(c->ns);
     memcpy(request, c->ns, len);
@@ -1501,7 +1642,7 @@ static void adopt_inherited(void) {
         int index = mount_of(at + 1, &rest);
         struct stat st;
         if (index >= 0 && syscall(SYS_fstat, fd, &st) == 0 && S_ISREG(st.st_mode))
-            track(fd, index, 1);
+            track(fd, index, 1, 0);
     }
 }
 
@@ -1512,16 +1653,20 @@ __attribute__((constructor)) static void preload_init(void) {
 
 /* At exit: the descriptors of ours still open are closed by the kernel; tell their daemons now. */
 static void exiting(void) {
-    if (atomic_load(&fds_tracked) == 0)
-        return;
-    fflush(NULL);  /* stdio buffers reach the files first (libc would flush them only after this) */
-    for (int fd = 0; fd < MAX_TRACKED_FD && atomic_load(&fds_tracked); fd++) {
-        if (atomic_load_explicit(&fd_slot[fd], memory_order_relaxed) == 0)
-            continue;
-        struct closing c;
-        closing(fd, &c);
-        closed(&c);
+    if (atomic_load(&fds_tracked) != 0) {
+        fflush(NULL);  /* stdio buffers reach the files first (libc would flush them only after this) */
+        for (int fd = 0; fd < MAX_TRACKED_FD && atomic_load(&fds_tracked); fd++) {
+            if (atomic_load_explicit(&fd_slot[fd], memory_order_relaxed) == 0)
+                continue;
+            struct closing c;
+            closing(fd, &c);
+            closed(&c);
+        }
     }
+    struct mount_table *t = atomic_load(&table);
+    for (int i = 0; t != NULL && i < t->count; i++)
+        if (atomic_load(&t->mounts[i]->unreported_in) || atomic_load(&t->mounts[i]->unreported_out))
+            report_bytes(i, 1);
 }
 
 /* GMOUNT_BYPASS_STATS=FILE: one line of counters per process, appended at exit. */
@@ -1531,14 +1676,16 @@ __attribute__((destructor)) static void preload_fini(void) {
     if (file == NULL || file[0] == '\0')
         return;
     long opens = atomic_load(&n_open_direct) + atomic_load(&n_open_mount) + atomic_load(&n_stat_direct) +
-                 atomic_load(&n_stat_mount);
+                 atomic_load(&n_stat_mount) + atomic_load(&n_create_direct);
     if (opens == 0)
         return;
     char line[256];
     int len = snprintf(line, sizeof(line),
-                       "pid=%d open_direct=%ld open_mount=%ld stat_direct=%ld stat_mount=%ld close_notes=%ld\n",
+                       "pid=%d open_direct=%ld open_mount=%ld stat_direct=%ld stat_mount=%ld close_notes=%ld "
+                       "create_direct=%ld\n",
                        (int)getpid(), atomic_load(&n_open_direct), atomic_load(&n_open_mount),
-                       atomic_load(&n_stat_direct), atomic_load(&n_stat_mount), atomic_load(&n_close_notes));
+                       atomic_load(&n_stat_direct), atomic_load(&n_stat_mount), atomic_load(&n_close_notes),
+                       atomic_load(&n_create_direct));
     int fd = (int)syscall(SYS_openat, AT_FDCWD, file, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (fd >= 0) {
         if (syscall(SYS_write, fd, line, (size_t)len) < 0) {

@@ -16,11 +16,15 @@ open through the mount would. Writing asks too (`W`): a replica's writes go to i
 The hello also gives what makes the job's stats the mount's: this node's slot and its
 export's device, so a stat of an export file shows the mount's st_dev and st_ino (`file_ino`
 of gmountpy/node/inodes.py, the file's identity on every node). Files of another file
-system mounted inside the export (numbered by a hash) are served by the mount.
+system mounted inside the export (numbered by a hash) are served by the mount. And it gives
+the owner mark of directories this node owns (gmountpy/node/index/owners.py) with this
+daemon's token and user, under which a job of that user creates new files straight in the
+export: nobody else holds a lease in such a directory, and the first request of another node
+about it lists the export into the index before it is answered.
 
 What the mount would have told the other nodes is still told:
 
-- creates and truncations go through the mount before the library swaps the descriptor;
+- other creates and truncations go through the mount before the library swaps the descriptor;
 - a descriptor opened for writing through the bypass reports its close (`C`): the file's
   attributes then reach the directory's home before close() returns (close-to-open);
 - such files are also watched with inotify (IN_CLOSE_WRITE), which covers descriptors
@@ -34,7 +38,8 @@ Wire format (little-endian): request `u32 len | u8 op | 3 x u8 0 | path`, reply
 `u32 len | i32 status | payload`; ops `H`ello, `R`ead, `W`rite, `C`losed after writing and
 `D`one reading (their path is followed by NUL and the bytes read and written); status 0 =
 served here (payload: the export path; for `H` export root, staged xattr, staging mark,
-lease in ms, this node's slot, the export's st_dev, NUL-separated), 1 = use the mount.
+lease in ms, this node's slot, the export's st_dev, owner xattr, owner token (empty: none),
+uid and gid of the daemon, NUL-separated), 1 = use the mount.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ import trio
 from ..errors import PeerUnavailable
 from ..protocol import messages as msg
 from .export import split_path
+from .index.owners import OWNER_XATTR, Owners
 from .inodes import holder_slots
 from .locator import Location
 from .namespace import Namespace
@@ -194,8 +200,10 @@ class BypassServer:
     """
 
     def __init__(self, namespace: Namespace, service: NodeService, path: str, *, any_user: bool = False,
-                 on_changed: Callable[[str], Awaitable[None]] | None = None) -> None:
+                 on_changed: Callable[[str], Awaitable[None]] | None = None, owners: Owners | None = None) -> None:
         self.ns = namespace
+        #: the marks of directories this node owns: jobs create there straight in the export
+        self.owners = owners
         self._slot = holder_slots(namespace.site_of)[namespace.me]
         self.service = service
         self.path = path
@@ -330,8 +338,10 @@ class BypassServer:
             return self._mount()
 
     def _hello(self) -> str:
+        token = self.owners.token if self.owners is not None and self.owners.usable else ""
         return "\0".join((self.ns.export.root, STAGED_XATTR, STAGING_MARKER, str(round(LEASE * 1000)),
-                           str(self._slot), str(self.ns.export.dev)))
+                           str(self._slot), str(self.ns.export.dev), OWNER_XATTR, token,
+                           str(os.geteuid()), str(os.getegid())))
 
     def _closed(self, op: str, request: str) -> None:
         """A job closed a descriptor the bypass opened: `path NUL read written` (path empty for a

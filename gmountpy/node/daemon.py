@@ -49,7 +49,7 @@ from .control import NodeControl
 from .directories import MountpointSeal, directory_problems
 from .export import Export
 from .fuse import GmountOperations
-from .index import DirectoryIndex, ExportWatcher, Homes, IndexLocator
+from .index import DirectoryIndex, ExportWatcher, Homes, IndexLocator, Owners
 from .jobs import JobPlacer, serve_jobs
 from .locator import FloodLocator, Locator
 from .namespace import Namespace
@@ -165,7 +165,7 @@ class NodeDaemon:
                                lease=IndexLocator.lease_for(tuning.negative_ttl), rescan=tuning.index_rescan,
                                revoke_timeout=min(1.0, tuning.rpc_timeout / 3), ask_timeout=tuning.rpc_timeout / 3,
                                homes=homes, verify_misses=tuning.index_verify_misses,
-                               split_entries=tuning.index_split_entries)
+                               split_entries=tuning.index_split_entries, owners=Owners(self.export))
         return IndexLocator(pool, tiers, homes, ttl=tuning.attr_ttl, negative_ttl=tuning.negative_ttl,
                             index=index), index
 
@@ -207,7 +207,8 @@ class NodeDaemon:
             if tuning.passthrough:
                 ops.passthrough = Passthrough.arm()
             if tuning.bypass:
-                control.bypass = await self._serve_bypass(nursery, namespace, service, ops)
+                control.bypass = await self._serve_bypass(nursery, namespace, service, ops,
+                                                          index.owners if index is not None else None)
 
             listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
 
@@ -270,11 +271,11 @@ class NodeDaemon:
 
 
     async def _serve_bypass(self, nursery: trio.Nursery, namespace: Namespace, service: NodeService,
-                            ops: GmountOperations) -> BypassServer | None:
+                            ops: GmountOperations, owners: Owners | None) -> BypassServer | None:
         """Jobs' preload library asks this node which files it may use from the export (bypass.py)."""
         try:
             server = BypassServer(namespace, service, bypass_socket_path(self.spec.name, self.me),
-                                  any_user=self.spec.allow_other, on_changed=ops.changed_outside)
+                                  any_user=self.spec.allow_other, on_changed=ops.changed_outside, owners=owners)
             await nursery.start(server.serve)
         except OSError as exc:
             log.warning("node %s: the local bypass for jobs is off (they use the mount): %s", self.me, exc)

@@ -302,14 +302,23 @@ class Namespace:
     async def _made_here(self, path: str, make: Callable[[], Awaitable[T]],
                          parents: list[tuple[str, Attr]]) -> T:
         """Make the claimed `path` in this export, its missing `parents` first (`Parents.missing_on`);
-        a failure withdraws the claim."""
+        a failure withdraws the claim -- unless another create here made the name meanwhile (two
+        processes of this node creating one name: their claims are one, and it is the winner's)."""
         try:
             await self.parents.make(self.me, parents)
             return await make()
-        except BaseException:
+        except BaseException as exc:
             with trio.CancelScope(shield=True):
-                await self.locator.withdraw(path)
+                if not (isinstance(exc, FileExistsError) and self._held_here(path)):
+                    await self.locator.withdraw(path)
             raise
+
+    def _held_here(self, path: str) -> bool:
+        try:
+            self.export.lstat(path)
+            return True
+        except OSError:
+            return False
 
     async def _announce_created(self, path: str, is_dir: bool = False) -> None:
         """Every node that must know of the new `path` knows when this returns (hand-off rule 1)."""

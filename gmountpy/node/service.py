@@ -16,6 +16,7 @@ import os
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -49,6 +50,11 @@ HANDLE_OPS = frozenset({"open", "read", "write", "fsync", "fstat", "close", "ftr
 INLINE_OPS = frozenset({"ping", "lookup", "locate", "readlink", "getxattr", "listxattr", "statfs"})
 # (op_open too, unless it truncates: an open walks a path like a lookup; a FIFO or device is
 # opened non-blocking, so it never waits for a peer.)
+
+
+#: Who sent the request an added operation (`add_operations`) is serving: the peer's name (this
+#: node's own name for its own requests). A directory's home tells its node's requests from others'.
+REQUEST_FROM: ContextVar[str | None] = ContextVar("gmount_request_from", default=None)
 
 
 def _absent(exc: OSError) -> bool:
@@ -284,7 +290,11 @@ class NodeService:
         kind = type(request)
         handler = self._extra.get(kind)
         if handler is not None:
-            return await handler(request)  # type: ignore[no-any-return]
+            sender = REQUEST_FROM.set(session.peer)
+            try:
+                return await handler(request)  # type: ignore[no-any-return]
+            finally:
+                REQUEST_FROM.reset(sender)
         method = self._ops.get(kind)
         if method is None:
             raise OSError(errno.ENOSYS, f"node {self.usage.node} does not serve {request.op!r}")

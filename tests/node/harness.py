@@ -22,7 +22,7 @@ from gmountpy._trio import open_nursery
 from gmountpy.cluster.config import ClusterSpec, Tuning, parse_spec
 from gmountpy.cluster.overlay import Overlay
 from gmountpy.node.export import Export
-from gmountpy.node.index import DirectoryIndex, ExportWatcher, Homes, IndexLocator
+from gmountpy.node.index import DirectoryIndex, ExportWatcher, Homes, IndexLocator, Owners
 from gmountpy.node.locator import FloodLocator, Locator
 from gmountpy.node.namespace import Namespace
 from gmountpy.node.peers import PeerAddress, PeerPool
@@ -180,11 +180,13 @@ async def open_cluster(
     retry_after: float = 2.0,
     lookup: str | None = None,
     split_entries: int = 0,
+    owners: bool = True,
 ) -> AsyncIterator[Cluster]:
     """Bring up the four nodes; everything is closed when the block ends.
 
     The default TTLs are long so that tests are deterministic; tests of expiry
-    pass short ones or jump a MockClock.
+    pass short ones or jump a MockClock. `owners` False: no node owns the directories
+    it makes (every create is claimed at its home, as with an export without xattrs).
     """
     lookup = lookup or os.environ.get("GMOUNT_TEST_LOOKUP") or Tuning().lookup  # the env: a suite under another locator
     spec = make_spec(base)
@@ -217,7 +219,8 @@ async def open_cluster(
                     homes = Homes(tuple(nodes), sites, "n1" if lookup == "central" else None)
                     node.index = DirectoryIndex(node.pool, overlay.lookup_order(name),
                                                 lease=IndexLocator.lease_for(negative_ttl), homes=homes,
-                                                split_entries=split_entries)
+                                                split_entries=split_entries,
+                                                owners=Owners(node.export) if owners else None)
                     extras[name].update(node.index.operations())
                     node.watcher = ExportWatcher(node.pool, homes)
                     extras[name].update(node.watcher.operations())

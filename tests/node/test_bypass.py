@@ -188,6 +188,56 @@ for st in (os.stat("a.txt"), os.lstat("b.txt"), os.fstat(fd), os.stat("a.txt", d
     assert counters(stats)["stat_direct"] >= 4  # answered from the export, not by the mount
 
 
+def test_a_job_creates_in_a_directory_it_made_straight_in_the_export(cluster: LocalCluster, tmp_path: Path) -> None:
+    """A directory a job makes is homed at its node and owned there: the job's creates in it go
+    straight to the export, telling nobody -- yet the next job on another node sees every file,
+    with its bytes (the other node's first question ends the ownership: rule 1), a create of an
+    existing name there fails on either node (no twin), and the node owns it again later."""
+    top = unique("bp-own")
+    (cluster.mount("n1") / top).mkdir()
+    stats = tmp_path / "stats"
+    before = served(cluster, "n1")
+    script = f"""
+        mkdir out
+        GMOUNT_BYPASS_STATS={stats} {sys.executable} -c '
+import os
+for i in range(50):
+    fd = os.open(f"out/f{{i}}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.write(fd, str(i).encode() * 100)
+    os.close(fd)
+try:
+    os.open("out/f7", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+except FileExistsError:
+    print("exists")'
+    """
+    assert job(cluster, "n1", f"/{top}", script).split() == ["exists"]
+    seen = counters(stats)
+    assert seen.get("create_direct", 0) == 50, seen
+    after = served(cluster, "n1")
+    assert after["C"] == before["C"]  # no close told: nobody holds a lease there
+    expected = {f"f{i}": str(i).encode() * 100 for i in range(50)}
+    assert {p.name for p in (cluster.export("n1") / top / "out").iterdir()} == set(expected)
+    # the next job, on n3: every name, with its bytes; n4 lists all of them
+    listing = job(cluster, "n3", f"/{top}/out", "cat f0; echo; cat f49; echo; ls").split()
+    assert listing[0] == "0" * 100 and listing[1] == "49" * 100 and set(listing[2:]) == set(expected)
+    assert sorted(os.listdir(cluster.mount("n4") / top / "out")) == sorted(expected)
+    assert (cluster.mount("n2") / top / "out" / "f7").read_bytes() == expected["f7"]
+    # no twin: a name made on n3 now, then by a job on n1, and the other way round
+    (cluster.mount("n3") / top / "out" / "from-n3").write_bytes(b"n3")
+    exists = f"""{sys.executable} -c '
+import os, sys
+for name in sys.argv[1:]:
+    try:
+        os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        print("made", name)
+    except FileExistsError:
+        print("exists", name)' from-n3 f8"""
+    assert job(cluster, "n1", f"/{top}/out", exists).split() == ["exists", "from-n3", "exists", "f8"]
+    with pytest.raises(FileExistsError):
+        os.open(cluster.mount("n4") / top / "out" / "f9", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    assert [n for n in ("n1", "n2", "n3", "n4") if (cluster.export(n) / top / "out" / "from-n3").exists()] == ["n3"]
+
+
 def test_output_of_a_program_that_inherited_the_descriptor_reaches_the_home(cluster: LocalCluster) -> None:
     """`cmd > out`: the shell opens out, the program it execs writes and exits without a close()
     of its own -- the daemon's inotify watch tells the home the final size."""

@@ -49,6 +49,7 @@ from gmountpy.node.index import (
     ExportWatcher,
     Homes,
     IndexLocator,
+    Owners,
     rendezvous_order,
     split_parent,
 )
@@ -72,6 +73,7 @@ from ..conftest import (
     wait_for,
 )
 from .harness import Cluster, open_cluster, read_file
+from .owned_create import create_in_owned
 
 NODES = ("n1", "n2", "n3", "n4")
 SITE_OF = {"n1": "tsukuba", "n2": "tsukuba", "n3": "hongo", "n4": "hongo"}
@@ -148,21 +150,21 @@ def test_central_puts_every_directory_on_one_node() -> None:
         Homes(())
 
 
-def test_creator_and_holder_homes_stay_at_one_site() -> None:
+def test_a_directory_made_through_a_mount_is_homed_at_its_creator_and_backed_up_at_its_site() -> None:
     homes = Homes(NODES, SITE_OF)
     for i in range(200):
         directory = f"/made/{i}"
         for creator in NODES:
-            home = homes.of_creator(directory, creator)
-            assert SITE_OF[home] == SITE_OF[creator]
-            backup = homes.backup(directory, home)
-            assert backup is not None and backup != home and SITE_OF[backup] == SITE_OF[home]
-            # a directory found only on its creator's disk gets the home its mkdir would have given
-            assert homes.of_holders(directory, [creator]) == home
+            assert homes.of_creator(directory, creator) == creator
+            backup = homes.backup(directory, creator)
+            assert backup is not None and backup != creator and SITE_OF[backup] == SITE_OF[creator]
+            # found again only on its creator's disk (every record of its home lost): at its site
+            assert SITE_OF[homes.of_holders(directory, [creator])] == SITE_OF[creator]
         assert homes.of_holders(directory, list(NODES)) == homes.of_holders(directory, list(reversed(NODES)))
-    spread = Counter(homes.of_creator(f"/s{i}", "n3") for i in range(400))
-    assert set(spread) == {"n3", "n4"} and min(spread.values()) > 120  # the site's nodes share the work
+    spread = Counter(homes.of_holders(f"/s{i}", ["n3"]) for i in range(400))
+    assert set(spread) == {"n3", "n4"} and min(spread.values()) > 120  # found ones: the site's nodes share them
     assert Homes(NODES, SITE_OF, central="n2").of_creator("/x", "n3") == "n2"
+    assert homes.of_creator("/x", "elsewhere") == homes.home("/x")
     assert homes.of_holders("/x", []) == homes.home("/x")
 
 
@@ -540,63 +542,71 @@ async def known_home(cluster: Cluster, node: str, directory: str) -> str | None:
 
 
 @trio_test
-async def test_mkdir_homes_the_directory_at_the_creators_site(tmp_path: Path) -> None:
+async def test_mkdir_homes_the_directory_at_its_creator(tmp_path: Path) -> None:
+    """A directory made through a node's mount is homed there, and owned while nobody else asks in
+    it: the creator's mkdirs, lookups and creates in it cost no message (the record of a new
+    subdirectory reaches the backup with the next batch, every second); another node's first
+    question ends the ownership and costs that node one round trip."""
     async with open_cluster(tmp_path, lookup="index") as cluster:
         homes = homes_of(cluster)
         ns = cluster["n3"].namespace
-        top = made_at(homes, "n4", "n3", "/top")  # homed at n4, the creator n3's site-mate
+        top, sub = "/top", "/top/sub"
         await ns.mkdir(top, 0o755)
-        sub = made_at(homes, "n4", "n3", f"{top}/sub")
+        assert homes.backup(top, "n3") == "n4"
         cluster.reset_counts()
         await ns.mkdir(sub, 0o755)
-        # the claim at top's home n4 (seeded empty by top's mkdir: no listing of every node), which
-        # seeds sub's index itself (sub's home is n4); n3, top's backup, keeps the record of sub's
-        # home without a message from n4
-        assert total(cluster) == 1 and cluster["n4"].served["index_claim"] == 1
-        backup = cluster["n3"].index
-        assert backup is not None and (await backup.op_records(msg.IndexRecords(top)))[sub.rsplit("/", 1)[1]] == "n4"
+        assert total(cluster) == 0
+        locator = cluster["n3"].locator
+        assert isinstance(locator, IndexLocator)
+        await locator.flush_owed()  # (the daemon's every second): the record copy reaches top's backup
+        assert served(cluster) == {"n4": {"index_records": 1}}
+        backup = cluster["n4"].index
+        assert backup is not None and (await backup.op_records(msg.IndexRecords(top)))["sub"] == "n3"
         cluster.reset_counts()
         with pytest.raises(FileNotFoundError):
-            await ns.lookup(f"{sub}/missing")  # n3 knows the home it made: one round trip, intra-site
-        assert total(cluster) == 1 and cluster["n4"].served["index_lookup"] == 1
-        cluster.reset_counts()
+            await ns.lookup(f"{sub}/missing")
         handle = await ns.create(f"{sub}/out", os.O_WRONLY | os.O_EXCL, 0o644)
+        await ns.write(handle, 0, b"made here")
         await ns.release(handle)
-        assert cluster.served("index_claim") == {"n1": 0, "n2": 0, "n3": 0, "n4": 1}
-        # every node agrees where the homes are (n1 asks top's home for sub's once, then knows)
-        for node in NODES:
-            assert await known_home(cluster, node, top) == "n4"
-            assert await known_home(cluster, node, sub) == "n4"
+        assert total(cluster) == 0
+        index = cluster["n3"].index
+        assert index is not None and index.owns(top) and index.owns(sub)
+        for node in NODES:  # every node agrees where the homes are (n1 asks top's home for sub's once)
+            assert await known_home(cluster, node, top) == "n3"
+            assert await known_home(cluster, node, sub) == "n3"
         cluster.reset_counts()
-        assert (await cluster["n1"].namespace.lookup(f"{sub}/out")).node == "n3"
-        assert total(cluster) == 1 and cluster["n4"].served["index_lookup"] == 1
-        # a directory n1 makes under n3's gets a home at n1's site; neither top's home n4 nor its
-        # backup n3 is that home, so n1 seeds it (claim, record copy, seed)
-        other = made_at(homes, "n2", "n1", f"{top}/theirs")
+        located = await cluster["n1"].namespace.lookup(f"{sub}/out")
+        assert (located.node, located.attr.size) == ("n3", len(b"made here"))
+        assert total(cluster) == 1 and cluster["n3"].served["index_lookup"] == 1
+        assert not index.owns(sub) and not index.owns(top)
+        # a directory n1 makes under n3's is homed at n1: the claim at top's home, the record copy to
+        # its backup n4 (top is owned by nobody now: n1 asked in it); n1 seeds its own index
         cluster.reset_counts()
-        await cluster["n1"].namespace.mkdir(other, 0o755)
-        assert total(cluster) == 3 and cluster["n2"].served["index_seed"] == 1
+        await cluster["n1"].namespace.mkdir(f"{top}/theirs", 0o755)
+        assert served(cluster) == {"n3": {"index_claim": 1}, "n4": {"index_records": 1}}
         for node in NODES:
-            assert await known_home(cluster, node, other) == "n2"
+            assert await known_home(cluster, node, f"{top}/theirs") == "n1"
 
 
 @trio_test
-async def test_a_new_directory_homed_at_the_parents_backup_is_seeded_with_the_record_copy(tmp_path: Path) -> None:
-    """The claim's server copies the new record to its backup anyway: when the backup is the new
-    directory's home, the seed rides in that message (no round trip of the creator's own)."""
+async def test_a_directory_made_by_its_parents_backup_costs_the_claim_alone(tmp_path: Path) -> None:
+    """The backup of the parent's home keeps the copy of the parent's records itself, and the new
+    directory is homed at its creator, which seeds its index itself: the mkdir is one message."""
     async with open_cluster(tmp_path, lookup="index") as cluster:
         homes = homes_of(cluster)
-        top = made_at(homes, "n4", "n4", "/top")
-        await cluster["n4"].namespace.mkdir(top, 0o755)
-        assert homes.backup(top, "n4") == "n3"
-        sub = made_at(homes, "n3", "n4", f"{top}/sub")  # made by n4, homed at n3: top's backup
+        await cluster["n4"].namespace.mkdir("/top", 0o755)
+        assert homes.backup("/top", "n4") == "n3"
+        handle = await cluster["n3"].namespace.create("/top/first", os.O_WRONLY | os.O_EXCL, 0o644)
+        await cluster["n3"].namespace.release(handle)  # (n3 has /top on its disk now, and knows its home)
         cluster.reset_counts()
-        await cluster["n4"].namespace.mkdir(sub, 0o755)
-        assert total(cluster) == 1 and cluster["n3"].served["index_records"] == 1  # (n4 claims from itself)
+        await cluster["n3"].namespace.mkdir("/top/sub", 0o755)
+        assert served(cluster) == {"n4": {"index_claim": 1}}
+        backup = cluster["n3"].index
+        assert backup is not None and (await backup.op_records(msg.IndexRecords("/top")))["sub"] == "n3"
         cluster.reset_counts()
         with pytest.raises(FileNotFoundError):
-            await cluster["n4"].namespace.lookup(f"{sub}/missing")
-        assert total(cluster) == 1 and cluster["n3"].served["index_lookup"] == 1  # seeded: nobody listed
+            await cluster["n3"].namespace.lookup("/top/sub/missing")
+        assert total(cluster) == 0  # seeded: nobody listed
 
 
 @trio_test
@@ -623,10 +633,8 @@ async def test_a_far_change_is_recorded_by_the_holder_near_the_home(tmp_path: Pa
     message from the asker (`recorded`, to the holder), which records the change at the home from
     there; a third node sees it at once. A home at the asker's site is told by the asker, as before."""
     async with open_cluster(tmp_path, lookup="index") as cluster:
-        homes = homes_of(cluster)
-        far = made_at(homes, "n4", "n3", "/far")  # homed at n4, the holder n3's site-mate
-        near = made_at(homes, "n2", "n1", "/near")  # homed at n2, the asker n1's site-mate
-        for directory, maker in ((far, "n3"), (near, "n1")):
+        far, near = "/far", "/near"  # homed at n4, the holder n3's site-mate; at n2, the asker n1's
+        for directory, maker in ((far, "n4"), (near, "n2")):
             await cluster[maker].namespace.mkdir(directory, 0o755)
             handle = await cluster["n3"].namespace.create(f"{directory}/f", os.O_WRONLY | os.O_EXCL, 0o644)
             await cluster["n3"].namespace.release(handle)
@@ -664,8 +672,9 @@ def served(cluster: Cluster) -> dict[str, dict[str, int]]:
     return {n: dict(c.served) for n, c in cluster.nodes.items() if c.served}
 
 
-async def made_with_files(cluster: Cluster, directory: str, maker: str, names: str) -> None:
-    await cluster[maker].namespace.mkdir(directory, 0o755)
+async def made_with_files(cluster: Cluster, directory: str, maker: str, names: str, *, home: str | None = None) -> None:
+    """`directory` made through `home`'s mount (its home; default `maker`), its files through `maker`'s."""
+    await cluster[home or maker].namespace.mkdir(directory, 0o755)
     for name in names:
         handle = await cluster[maker].namespace.create(f"{directory}/{name}", os.O_WRONLY | os.O_EXCL, 0o644)
         await cluster[maker].namespace.release(handle)
@@ -684,8 +693,8 @@ async def test_a_node_keeps_its_listing_through_its_own_changes(tmp_path: Path) 
     (it dropped its copy, and asked the home for every name for LIST_AHEAD_QUIET seconds). The
     home still revokes it when another node changes the directory."""
     async with open_cluster(tmp_path, lookup="index") as cluster:
-        directory = made_at(homes_of(cluster), "n4", "n3", "/own")  # homed at n4, held at n3 (the far site)
-        await made_with_files(cluster, directory, "n3", "abcde")
+        directory = "/own"  # homed at n4, held at n3 (the far site)
+        await made_with_files(cluster, directory, "n3", "abcde", home="n4")
         assert await listed_modes(cluster, "n1", directory) == dict.fromkeys("abcde", 0o644)
         ns = cluster["n1"].namespace
         cluster.reset_counts()
@@ -720,8 +729,8 @@ async def test_a_node_asks_the_home_for_a_name_it_renamed_and_drops_its_listing_
     rename changed its ctime): that name, and a readdir, are asked of the home. Two changes here
     under way at once may reach the home in either order: the listing goes, and the home answers."""
     async with open_cluster(tmp_path, lookup="index") as cluster:
-        directory = made_at(homes_of(cluster), "n4", "n3", "/moved")
-        await made_with_files(cluster, directory, "n3", "abcd")
+        directory = "/moved"
+        await made_with_files(cluster, directory, "n3", "abcd", home="n4")
         assert sorted(await listed_modes(cluster, "n1", directory)) == list("abcd")
         ns = cluster["n1"].namespace
         cluster.reset_counts()
@@ -747,8 +756,8 @@ async def test_a_home_asks_the_holders_of_renamed_names_at_once_to_list_them(tmp
     list the directory it asks the holders of the renamed names for them, all at once -- a listing
     where a job renamed its outputs costs one round trip to their holders, not one per name."""
     async with open_cluster(tmp_path, lookup="index") as cluster:
-        directory = made_at(homes_of(cluster), "n4", "n3", "/renamed")
-        await made_with_files(cluster, directory, "n3", "abcd")
+        directory = "/renamed"
+        await made_with_files(cluster, directory, "n3", "abcd", home="n4")
         for name in "abcd":
             await cluster["n3"].namespace.rename(f"{directory}/{name}", f"{directory}/{name}2")
         service = cluster["n3"].service
@@ -780,9 +789,9 @@ async def test_a_holder_records_a_far_change_at_the_backup_when_the_home_is_down
     index, kept through the cut, still has the old mode)."""
     async with open_cluster(tmp_path, lookup="index", retry_after=30.0) as cluster:
         homes = homes_of(cluster)
-        far = made_at(homes, "n4", "n3", "/far")  # homed at n4; its backup is n3, the holder
+        far = "/far"  # homed at n4; its backup is n3, the holder
         assert homes.backup(far, "n4") == "n3"
-        await cluster["n3"].namespace.mkdir(far, 0o755)
+        await cluster["n4"].namespace.mkdir(far, 0o755)
         handle = await cluster["n3"].namespace.create(f"{far}/f", os.O_WRONLY | os.O_EXCL, 0o644)
         await cluster["n3"].namespace.release(handle)
         ns = cluster["n1"].namespace
@@ -818,8 +827,8 @@ async def test_rmdir_forgets_the_directorys_index_at_its_home_with_the_drop(tmp_
                  ("n4", "n3", 1, {}),  # the drop; n4 forgets it itself, n3 (the backup) drops its copy itself
                  ("n2", "n1", 3, {"n2": 1})]  # drop, record copy, and n4 tells n2
         for home, remover, messages, forgets in cases:
-            sub = made_at(homes, home, remover, f"{top}/sub-{home}-")
-            await cluster[remover].namespace.mkdir(sub, 0o755)
+            sub = f"{top}/sub-{home}"
+            await cluster[home].namespace.mkdir(sub, 0o755)
             with pytest.raises(FileNotFoundError):
                 await cluster[remover].namespace.lookup(f"{sub}/missing")
             index = cluster[home].index
@@ -835,9 +844,10 @@ async def test_rmdir_forgets_the_directorys_index_at_its_home_with_the_drop(tmp_
             assert backup is not None and sub.rsplit("/", 1)[1] not in await backup.op_records(msg.IndexRecords(top))
             cluster[home].put(f"{sub}/made-outside", b"x")  # the name again, made on its home's disk directly
             assert (await cluster[remover].namespace.lookup(f"{sub}/made-outside")).node == home
-        # a home that does not answer is owed the forget by the remover (the reply names it)
-        sub = made_at(homes, "n2", "n1", f"{top}/unreached-")
-        await cluster["n1"].namespace.mkdir(sub, 0o755)
+        # a home that does not answer is owed the forget by the remover (the reply names it): a
+        # directory found on n1's disk, homed at n2
+        sub = found_at(homes, "n2", ["n1"], f"{top}/unreached-")
+        cluster["n1"].mkdir(sub)
         with pytest.raises(FileNotFoundError):
             await cluster["n1"].namespace.lookup(f"{sub}/missing")
         index = cluster["n2"].index
@@ -861,10 +871,8 @@ async def test_a_mkdir_that_fails_after_its_claim_leaves_no_seeded_index(tmp_pat
     """The parent's home seeds the new directory during the claim, before it exists on disk:
     when the mkdir then fails, that index goes, so the name made again later is listed anew."""
     async with open_cluster(tmp_path, lookup="index") as cluster:
-        homes = homes_of(cluster)
-        top = made_at(homes, "n4", "n3", "/top")
-        await cluster["n3"].namespace.mkdir(top, 0o755)
-        sub = made_at(homes, "n4", "n3", f"{top}/sub")
+        top, sub = "/top", "/top/sub"  # both homed at n4, which makes them
+        await cluster["n4"].namespace.mkdir(top, 0o755)
         index = cluster["n4"].index
         assert index is not None
         built = index.statistics().directories
@@ -872,13 +880,14 @@ async def test_a_mkdir_that_fails_after_its_claim_leaves_no_seeded_index(tmp_pat
         def disk_full(path: str, mode: int) -> None:
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(cluster["n3"].export, "mkdir", disk_full)
+        monkeypatch.setattr(cluster["n4"].export, "mkdir", disk_full)
         with pytest.raises(OSError) as failed:
-            await cluster["n3"].namespace.mkdir(sub, 0o755)
+            await cluster["n4"].namespace.mkdir(sub, 0o755)
         assert failed.value.errno == errno.ENOSPC
         assert index.statistics().directories == built  # seeded by the claim, forgotten at the withdrawal
+        assert not index.owns(sub)
         cluster["n1"].put(f"{sub}/copied-in", b"made outside the mount")  # the name, made on n1 directly
-        assert (await cluster["n3"].namespace.lookup(f"{sub}/copied-in")).node == "n1"
+        assert (await cluster["n4"].namespace.lookup(f"{sub}/copied-in")).node == "n1"
 
 
 @trio_test
@@ -1465,6 +1474,7 @@ class IndexNetwork(RuleBasedStateMachine):
 
     #: DirectoryIndex's `split_entries` (0: directories never split; see test_index_split.py)
     SPLIT_ENTRIES = 0
+    OWNERS = os.environ.get("GMOUNT_SM_OWNERS", "1") != "0"  # (0: the create path without owned directories)
 
     def __init__(self) -> None:
         super().__init__()
@@ -1501,7 +1511,8 @@ class IndexNetwork(RuleBasedStateMachine):
         tiers = [(node,), tuple(order[1:2]), tuple(order[2:])]
         # rescan 0: never list again by age, so only the owed rebuilds can repair what a lost message missed
         self.indexes[node] = DirectoryIndex(peers, order, lease=IndexLocator.lease_for(NEGATIVE_TTL), rescan=0,
-                                            homes=Homes(NODES, SITE_OF), split_entries=self.SPLIT_ENTRIES)
+                                            homes=Homes(NODES, SITE_OF), split_entries=self.SPLIT_ENTRIES,
+                                            owners=Owners(self.exports[node]) if self.OWNERS else None)
         self.locators[node] = IndexLocator(peers, tiers, Homes(NODES, SITE_OF), ttl=TTL, negative_ttl=NEGATIVE_TTL,
                                            index=self.indexes[node])
         self.watchers[node] = ExportWatcher(peers, Homes(NODES, SITE_OF))
@@ -1679,6 +1690,106 @@ class IndexNetwork(RuleBasedStateMachine):
                         self.dirs.discard(old)
                         self.dirs.add(new)
 
+    async def _job_create(self, node: str, path: str, data: bytes, pauses: int) -> bool:
+        """A job on `node` makes `path` (O_CREAT | O_EXCL) as the preload library does: straight in
+        the export, telling nobody, when the directory is owned there; else through the mount.
+        True when it went straight to the export."""
+        owners = self.indexes[node].owners
+
+        async def pause() -> None:
+            for _ in range(pauses):
+                await trio.sleep(0)
+
+        fd = None if owners is None else await create_in_owned(self.exports[node].root, owners.token, path,
+                                                               os.O_WRONLY | os.O_EXCL, 0o644, pause)
+        if fd is None:
+            ns = self.namespaces[node]
+            handle = await ns.create(path, os.O_WRONLY | os.O_EXCL, 0o644)
+            try:
+                await ns.write(handle, 0, data)
+            finally:
+                await ns.release(handle)
+            return False
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        return True
+
+    @rule(node=st.sampled_from(NODES), path=st.sampled_from(PATHS), data=st.binary(max_size=20),
+          pauses=st.integers(0, 2))
+    def job_create(self, node: str, path: str, data: bytes, pauses: int) -> None:
+        """A job's create through the bypass: in a directory its node made (and so owns), nobody
+        hears of it -- until another node asks there (the invariant's lookups: hand-off rule 1)."""
+        if not self._parent_ok(path):
+            return
+        exists = path in self.files or path in self.dirs
+        error = self._run(None, lambda: self._job_create(node, path, data, pauses))
+        self._expect(error, FileExistsError if exists else None)
+        if not exists:
+            self.files[path] = data
+
+    @rule(job=st.sampled_from(NODES), other=st.sampled_from(NODES), path=st.sampled_from(PATHS),
+          pauses=st.integers(0, 3), looks=st.booleans())
+    def race_create(self, job: str, other: str, path: str, pauses: int, looks: bool) -> None:
+        """A job's create (straight into an owned directory, or through the mount) and another node's
+        create of the same new name -- or its lookup -- at once: one file, never two (rule 3); a
+        lookup that started after the job's create returned sees it (rule 1)."""
+        if not self._parent_ok(path) or path in self.files or path in self.dirs:
+            return
+        outcome: dict[str, BaseException | None] = {}
+        seen: list[bool] = []
+
+        async def step() -> None:
+            job_done = trio.Event()
+
+            async def by_job() -> None:
+                try:
+                    await self._job_create(job, path, b"job", pauses)
+                    outcome["job"] = None
+                except OSError as exc:
+                    outcome["job"] = exc
+                job_done.set()
+
+            async def by_other() -> None:
+                ns = self.namespaces[other]
+                if looks:
+                    for _ in range(pauses + 1):
+                        after = job_done.is_set()
+                        try:
+                            await ns.lookup(path)
+                            seen.append(True)
+                        except FileNotFoundError:
+                            assert not after, f"{other} does not see {path}, made by a job on {job} before it asked"
+                        await trio.sleep(0)
+                    return
+                try:
+                    handle = await ns.create(path, os.O_WRONLY | os.O_EXCL, 0o644)
+                    try:
+                        await ns.write(handle, 0, b"other")
+                    finally:
+                        await ns.release(handle)
+                    outcome["other"] = None
+                except OSError as exc:
+                    outcome["other"] = exc
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(by_job)
+                nursery.start_soon(by_other)
+
+        assert self._run(None, step) is None
+        winners = [who for who, error in outcome.items() if error is None]
+        assert len(winners) == 1, f"{path} by {job} (job) and {other}: {outcome}"
+        for who, error in outcome.items():
+            if error is not None:  # the loser: the name exists (or is being made: EAGAIN)
+                assert isinstance(error, FileExistsError) or error.errno == errno.EAGAIN, (who, error)
+        self.files[path] = b"job" if winners == ["job"] else b"other"
+
+    @rule(seconds=st.sampled_from([1.0, 15.0]))
+    def let_time_pass(self, seconds: float) -> None:
+        """The leases handed out expire: a node may own the directories it made again."""
+        self.clock.jump(seconds)
+
     @rule(node=st.sampled_from(NODES), path=st.sampled_from(PATHS))
     def look(self, node: str, path: str) -> None:
         """A lookup in between (make checking outputs): leaves a leased "not found" behind."""
@@ -1774,7 +1885,9 @@ class IndexNetwork(RuleBasedStateMachine):
         try:
             location = await ns.lookup(path)
         except FileNotFoundError as exc:
-            assert not isinstance(exc, AbsentForNow), f"{node}: {path}: an uncertain answer with every node up: {exc}"
+            owned_here = self.indexes[node].owns(split_parent(path)[0])  # (a job may make it any moment)
+            assert owned_here or not isinstance(exc, AbsentForNow), \
+                f"{node}: {path}: an uncertain answer with every node up: {exc}"
             assert path not in self.files and path not in self.dirs, f"{node} does not see {path}: {exc}"
             return
         if path in self.files:
@@ -1998,10 +2111,9 @@ def test_mount_rotating_writers_make_no_twins(mounted: LocalCluster) -> None:
 
 
 def test_mount_miss_remote_hit_and_create_cost_at_most_one_message(mounted: LocalCluster) -> None:
-    homes = Homes(tuple(mounted.spec.nodes), {n: s.site for n, s in mounted.spec.nodes.items()})
-    directory = made_at(homes, "n2", "n1", f"/counted-{uuid.uuid4().hex[:6]}-")
+    directory = f"/counted-{uuid.uuid4().hex[:6]}"
+    (mounted.mount("n2") / directory.lstrip("/")).mkdir()  # homed at its maker n2
     top = mounted.mount("n1") / directory.lstrip("/")
-    top.mkdir()  # on n1, so homed at n1's site: n1 knows the home without asking
     _write(mounted, "n3", f"{directory.lstrip('/')}/far", b"held by n3")
     assert not (top / "warm-up").exists()
 
@@ -2036,13 +2148,12 @@ def test_mount_stats_of_many_remote_files_in_one_directory_list_it_once(mounted:
     """stat(2) of 12 files n3 holds, through n1's mount: LIST_AHEAD_AFTER lookups one name at a
     time, the next one brings the listing, the rest cost nothing. A file n4 makes in the
     directory revokes n1's listing (the home tells n1 before n4's create returns)."""
-    homes = _sites(mounted)
-    directory = made_at(homes, "n2", "n1", f"/stats-{uuid.uuid4().hex[:6]}-")
-    rel = directory.lstrip("/")
+    rel = f"stats-{uuid.uuid4().hex[:6]}"
+    (mounted.mount("n2") / rel).mkdir()  # homed at its maker n2
     top = mounted.mount("n1") / rel
-    top.mkdir()
     for i in range(12):
         _write(mounted, "n3", f"{rel}/f{i}", b"x" * i)
+    assert top.is_dir()  # (n1 learns the directory itself, made on n2, before the count)
     api = ApiCluster.open(mounted.spec.name)
     before = _settled(api)
     assert [(top / f"f{i}").stat().st_size for i in range(12)] == list(range(12))
@@ -2057,9 +2168,8 @@ def test_mount_rescan_makes_a_file_copied_into_an_export_visible_everywhere_at_o
     """Files copied straight into an export reach the home at the node's next scan (here every
     2 s); `Cluster.rescan` / `gmount rescan` tells the homes now, so the next lookup anywhere
     finds them."""
-    directory = made_at(_sites(mounted), "n2", "n1", f"/rescan-{uuid.uuid4().hex[:6]}-")
-    rel = directory.lstrip("/")
-    (mounted.mount("n1") / rel).mkdir()
+    rel = f"rescan-{uuid.uuid4().hex[:6]}"
+    (mounted.mount("n2") / rel).mkdir()  # homed at its maker n2
     _write(mounted, "n3", f"{rel}/through-the-mount", b"n3 holds the directory now")
     api = ApiCluster.open(mounted.spec.name)
     assert sorted(api.rescan()) == sorted(NODES)
@@ -2083,10 +2193,9 @@ def test_mount_rename_costs_three_messages_to_the_home(mounted: LocalCluster) ->
     target (a miss, leased), the lookup of the source's holders, then the drop of the old name
     and the new name's holders at the home, in one message. The target's holders come from
     the lease, not from a second lookup."""
-    homes = _sites(mounted)
-    directory = made_at(homes, "n2", "n1", f"/renamed-{uuid.uuid4().hex[:6]}-")
+    directory = f"/renamed-{uuid.uuid4().hex[:6]}"
+    (mounted.mount("n2") / directory.lstrip("/")).mkdir()  # homed at its maker n2
     top = mounted.mount("n1") / directory.lstrip("/")
-    top.mkdir()
     (top / "a").write_bytes(b"on n1")
     api = ApiCluster.open(mounted.spec.name)
     before = _settled(api)
@@ -2101,9 +2210,8 @@ def _sites(cluster: LocalCluster) -> Homes:
 
 
 def test_mount_readdir_is_one_message_to_the_home_then_none_under_the_lease(mounted: LocalCluster) -> None:
-    directory = made_at(_sites(mounted), "n2", "n1", f"/listed-{uuid.uuid4().hex[:6]}-")
-    rel = directory.lstrip("/")
-    (mounted.mount("n1") / rel).mkdir()
+    rel = f"listed-{uuid.uuid4().hex[:6]}"
+    (mounted.mount("n2") / rel).mkdir()  # homed at its maker n2
     for node in NODES:
         _write(mounted, node, f"{rel}/from-{node}", node.encode())
     expected = sorted(f"from-{node}" for node in NODES)
@@ -2129,9 +2237,8 @@ def test_mount_readdir_is_one_message_to_the_home_then_none_under_the_lease(moun
     assert "late" in os.listdir(mounted.mount("n1") / rel)
 
 
-def test_mount_directory_made_through_a_mount_is_homed_at_its_creators_site(mounted: LocalCluster) -> None:
-    directory = made_at(_sites(mounted), "n1", "n1", f"/own-{uuid.uuid4().hex[:6]}-")  # homed at n1 itself
-    rel = directory.lstrip("/")
+def test_mount_directory_made_through_a_mount_is_homed_at_its_creator(mounted: LocalCluster) -> None:
+    rel = f"own-{uuid.uuid4().hex[:6]}"  # homed at n1, its maker
     (mounted.mount("n1") / rel).mkdir()
     api = ApiCluster.open(mounted.spec.name)
     before = api.counters()
@@ -2155,10 +2262,10 @@ def test_mount_home_killed_backup_takes_over_and_the_home_converges_after_restar
     node sees everything through the home again."""
     require("FUSE", fuse_problem())
     with local_cluster(tmp_path, f"ixkill-{os.getpid()}", FOUR_NODES, FOUR_NODE_LINKS, INDEX_KILL_TUNING) as cluster:
-        directory = made_at(_sites(cluster), "n2", "n1", "/work-")  # homed at n2; its backup is n1
+        directory = "/work"  # homed at its maker n2; its backup is n1
         assert _sites(cluster).backup(directory, "n2") == "n1"
         rel = directory.lstrip("/")
-        (cluster.mount("n1") / rel).mkdir()
+        (cluster.mount("n2") / rel).mkdir()
         _write(cluster, "n1", f"{rel}/a", b"from n1")
         _write(cluster, "n3", f"{rel}/b", b"from n3")
         assert sorted(os.listdir(cluster.mount("n4") / rel)) == ["a", "b"]

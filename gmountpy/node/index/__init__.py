@@ -14,7 +14,8 @@ The package, bottom up (imports flow one way, each module from those above it he
 - `peers`: what the index needs of the peer pool, and listing a node's directory;
 - the home's side: `entries` (what a home keeps of a directory), `store` (its state and
   lease tables), `partitions` (Giga+ splitting), `records` (the homes of
-  subdirectories), `directory` (`DirectoryIndex`, the `index_*` operations);
+  subdirectories), `owners` (directories the home owns: its jobs create there telling
+  nobody), `directory` (`DirectoryIndex`, the `index_*` operations);
 - `watcher`: `ExportWatcher`, a node's export watched for changes made outside the mount;
 - the asking side: `listings` (listings kept under lease), `routing` (the way to a
   home, its backup or a partition), `lookups`, `changes`, and `locator` (`IndexLocator`).
@@ -28,6 +29,7 @@ from .entries import CLAIM_GRACE
 from .homes import Homes, home_lease_for, name_hash, partition_depth, partition_of, rendezvous_order
 from .listings import LIST_AHEAD_AFTER, LIST_AHEAD_MAX, LIST_AHEAD_QUIET, LISTINGS_KEPT
 from .locator import IndexLocator
+from .owners import OWNER_XATTR, Owners
 from .partitions import NAME_OPS
 from .paths import split_parent
 from .peers import Peers
@@ -36,7 +38,8 @@ from .watcher import ExportWatcher
 
 __all__ = [
     "CLAIM_GRACE", "LISTINGS_KEPT", "LIST_AHEAD_AFTER", "LIST_AHEAD_MAX", "LIST_AHEAD_QUIET", "MAX_PARTITIONS",
-    "DirectoryIndex", "ExportWatcher", "Homes", "IndexLocator", "IndexStatistics", "LocatorPeers", "Peers",
+    "OWNER_XATTR", "DirectoryIndex", "ExportWatcher", "Homes", "IndexLocator", "IndexStatistics", "LocatorPeers",
+    "Owners", "Peers",
     "home_lease_for", "name_hash", "partition_depth", "partition_of", "rendezvous_order", "split_parent",
 ]
 

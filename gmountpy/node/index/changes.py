@@ -184,6 +184,8 @@ class Changes(Lookups):
             self._seeded.discard(path)
             if is_dir:
                 await self._seed(path, told_home=seeded)
+                if self._homes.peek(path) == self._peers.me and self.index is not None:
+                    await self.index.take_ownership(path)  # homed here, new everywhere: nobody holds a lease in it
             return
         if path in self._unclaimed:
             self._unclaimed.discard(path)

@@ -50,10 +50,10 @@ from ...protocol.messages import (
 )
 from ..leases import WHOLE
 from .entries import BuiltDirectory, Change, Entries, Holder, apply_change, same_but_atime
+from .owners import OwnedDirectories
 from .partitions import Misdirected
 from .paths import join
 from .peers import PAGE
-from .records import SubdirectoryHomes
 from .store import AS_BACKUP
 
 log = logging.getLogger(__name__)
@@ -84,9 +84,12 @@ class IndexStatistics:
     redirects: int = 0          # requests for a name in a partition this node does not serve
     leases: int = 0             # leases held now ("not found", subdirectory homes, listings)
     evictions: int = 0          # directory indexes let go after `keep_idle` seconds unused
+    owned: int = 0              # directories this node owns now (its jobs create there telling nobody)
+    ownerships: int = 0         # times this node began owning a directory
+    releases: int = 0           # ownerships ended by another node's request (the export listed into the index)
 
 
-class DirectoryIndex(SubdirectoryHomes):
+class DirectoryIndex(OwnedDirectories):
     """The index a home keeps for the directories it is home of, served as `index_*` operations
     (`operations()`, for NodeService's `extra` table). The constructor's parameters: `IndexStore`."""
 
@@ -112,7 +115,8 @@ class DirectoryIndex(SubdirectoryHomes):
             entries += len(built.entries) if built is not None else 0
         return IndexStatistics(len(self._dirs), self._builds, self._lookups, self._leased, self._revocations,
                                self._listings, self._taken_over, self._splits, partitions, entries,
-                               self._redirects, self._leases_held(), self._evictions)
+                               self._redirects, self._leases_held(), self._evictions, len(self._owned),
+                               self._ownerships, self._releases)
 
     # -- building ------------------------------------------------------------
 
@@ -251,7 +255,9 @@ class DirectoryIndex(SubdirectoryHomes):
         if not holders and complete and not pending and self.verify_misses:
             holders = await self._verify_absent(directory, name, asker)
         lease = 0.0
-        if not holders and complete and not pending and asker is not None and self.lease > 0 and not backing:
+        owned = await self.owned_now(directory)  # (this node's own request: another's ended it)
+        if (not holders and complete and not pending and asker is not None and self.lease > 0 and not backing
+                and not owned):  # an owned directory's index lags behind its export: misses are not leased
             self._negatives.grant(directory, name, asker, trio.current_time() + self.lease)
             self._leased += 1
             lease = self.lease
@@ -273,6 +279,9 @@ class DirectoryIndex(SubdirectoryHomes):
         directory, asker = request.directory, request.asker
         self._listings += 1
         backing = self._serving_as_backup(directory)
+        owned = await self.owned_now(directory)
+        if owned:
+            await self._list_own_export(directory)  # what this node's jobs made there, not told to the index
         built = await self._directory(directory)
         asked: dict[str, list[IndexHolder]] = {}  # claimed or renamed names: their holders are asked, at once
         limiter = trio.CapacityLimiter(_RESOLVE_AT_ONCE)
@@ -304,7 +313,7 @@ class DirectoryIndex(SubdirectoryHomes):
         if len(rows) > PAGE:
             raise OSError(errno.EFBIG, f"{directory} has {len(rows)} entries: list it from every node in pages")
         lease = 0.0
-        if complete and asker is not None and self.listing_lease > 0 and not backing:
+        if complete and asker is not None and self.listing_lease > 0 and not backing and not owned:
             self._listing_leases.grant(directory, WHOLE, asker, trio.current_time() + self.listing_lease)
             lease = self.listing_lease
         parts = self._bitmap(directory)
@@ -358,11 +367,12 @@ class DirectoryIndex(SubdirectoryHomes):
 
         `exclusive` False (a parent directory a create makes on `node`): a directory merges
         with the directories of that name elsewhere, so it is always recorded.
-        A new directory is homed at `node`'s site (`Homes.of_creator`), recorded here and on
-        this directory's backup (one intra-site message) before this returns -- or by `node`
-        itself when it is that backup (`keep`: the copy needs no message). When that home is
-        this node or the backup, its index is started empty here or with the copy (`seeded`):
-        the creator's mkdir saves the round trip of the seed.
+        A new directory is homed at `node` (`Homes.of_creator`), recorded here and on this
+        directory's backup (one intra-site message) before this returns -- or by `node` itself
+        when it is that backup (`keep`: the copy needs no message), or, in a directory this
+        node owns, with the next batch of copies (`flush_records`, within a second). When that
+        home is this node or the backup, its index is started empty here or with the copy
+        (`seeded`): the creator's mkdir saves the round trip of the seed.
         """
         directory, name, node, is_dir = request.directory, request.name, request.node, request.is_dir
         backing = self._serving_as_backup(directory)
@@ -391,12 +401,16 @@ class DirectoryIndex(SubdirectoryHomes):
                 if self._backup_node(directory) == node:
                     keep = True  # the claimant copies it to itself
                     seeded = seeded or (seed is not None and home == node)
+                elif directory in self._owned and home == self._peers.me:
+                    self._copy_records_later(directory, {name: home})  # (the backup seeds nothing homed here)
                 else:
                     reached = await self._copy_records(directory, {name: home}, seed=seed)
                     seeded = seeded or (seed is not None and reached == home)
             self._lease_home(directory, name, node)
         await self._revoke(directory, name, is_dir, but=node, everyone=backing)
         await self._changed(directory, [name], but=node)
+        if node == self._peers.me and not self._foreign():
+            await self._maybe_own_again(directory)
         return IndexClaimReply((), seeded, keep)
 
     async def _verify_absent(self, directory: str, name: str, asker: str | None) -> list[IndexHolder]:
@@ -435,6 +449,8 @@ class DirectoryIndex(SubdirectoryHomes):
         self._change(directory, (name, node, holder))
         await self._revoke(directory, name, holder.is_dir, but=node, everyone=backing)
         await self._changed(directory, [name], but=node if request.asker is None else request.asker)
+        if node == self._peers.me and not self._foreign():
+            await self._maybe_own_again(directory)
 
     async def op_drop(self, request: msg.IndexDrop) -> list[str]:
         """`name` is gone from `nodes` (None: from every node). `asker`, the node that removed it,

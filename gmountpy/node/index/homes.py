@@ -3,12 +3,14 @@
 These are rules every node applies the same way, from the node list, the sites and the
 overlay's RTTs alone, so no node has to ask where to send a request it can compute.
 
-A directory made through the mount is homed at its creator's site (rendezvous hashing
-over that site's nodes), so the files a site makes and looks up stay one intra-site round
-trip away; hashing over every node would put 3 of 4 directories of a 2-site cluster at the
-other site. A directory found in the exports is homed at a site that holds it. Such homes
-cannot be computed from the path, so they are recorded in the parent's index and handed
-out with lookups (see `records`); only the root's home is hashed.
+A directory made through the mount is homed at its creator: a job's outputs go to the
+directory it made, and creating, stat-ing and listing there cost no message while no other
+node touches it (the home owns it: `owners`); its backup is another node of the creator's
+site. Hashing over every node would put 3 of 4 directories of a 2-site cluster at the other
+site, and even hashing over the creator's site would put half of them one round trip away.
+A directory found in the exports is homed at a site that holds it. Such homes cannot be
+computed from the path, so they are recorded in the parent's index and handed out with
+lookups (see `records`); only the root's home is hashed.
 
 A large directory splits by the hash of its names (Giga+): `name_hash`, `partition_of` and
 `partition_depth` map a name to its partition, `Homes.of_partition` a partition to its node.
@@ -67,16 +69,20 @@ class Homes:
     central metadata server). Otherwise:
 
     - the root's home is the rendezvous winner over every node (`home`);
-    - a directory made through the mount is homed at its creator's site: the
-      rendezvous winner among that site's nodes (`of_creator`), so the files a
-      site makes and looks up stay one intra-site round trip away;
+    - a directory made through the mount is homed at its creator (`of_creator`):
+      its index is local to the node whose jobs write there, and the backup is
+      at the same site;
     - a directory found in the exports (no creator known) is homed at a site
-      that holds it (`of_holders`): for a directory only its creator holds, the
-      same answer as `of_creator`; held at several sites, the one with the
-      smallest total RTT to every node (`site_rtt`), so askers from anywhere
-      reach it soonest on average; of sites with equal totals, the one whose
-      farthest node is nearest, so the slowest asker waits least (still tied,
-      or no RTTs: the site of the rendezvous winner among the holders).
+      that holds it (`of_holders`), by rendezvous hashing among that site's
+      nodes; held at several sites, the one with the smallest total RTT to
+      every node (`site_rtt`), so askers from anywhere reach it soonest on
+      average; of sites with equal totals, the one whose farthest node is
+      nearest, so the slowest asker waits least (still tied, or no RTTs: the
+      site of the rendezvous winner among the holders). A directory made
+      through a mount keeps its creator as home while its record lasts (at its
+      parent's home and that home's backup); found again after both lost it, it
+      may be homed at its creator's site-mate -- exact all the same, only no
+      longer owned by the creator.
 
     Only the root's home can be computed from a path alone; every other home
     is recorded in its parent's index and handed out with lookups (see
@@ -109,8 +115,11 @@ class Homes:
         return max(members, key=lambda node: (_weight(node, directory), node))
 
     def of_creator(self, directory: str, creator: str) -> str:
-        """The home of a directory `creator` made: at the creator's site."""
-        return self.at_site(directory, self.site_of.get(creator))
+        """The home of a directory `creator` made through its mount: the creator itself (a node
+        outside the cluster's list: the rendezvous winner over every node)."""
+        if self.central is not None:
+            return self.central
+        return creator if creator in self.nodes else self.home(directory)
 
     def of_holders(self, directory: str, holders: Sequence[str]) -> str:
         """The home of a directory found on `holders`: at the holding site nearest to every node."""

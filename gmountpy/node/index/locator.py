@@ -42,6 +42,7 @@ class IndexLocator(Changes):
         self._forget_homes(request.prefixes)
         if request.indexes and self.index is not None:
             self.index.forget(request.prefixes)
+            self.index.moved(list(request.prefixes))
 
     async def op_unlist(self, request: msg.IndexUnlist) -> None:
         """The listing of `directory` handed out by its home changed."""

@@ -52,6 +52,10 @@ class Lookups(HomeRouting):
         local = await self._local(path)
         if local is not None:
             return local
+        if self.index is not None and await self.index.owned_now(split_parent(path)[0]):
+            # its directory is owned here: this export is the whole of it, and a job may create the
+            # name here any moment without telling anyone -- "not found", but kept by nobody
+            raise AbsentForNow(errno.ENOENT, f"no such file in {split_parent(path)[0]} (owned by this node)")
         now = trio.current_time()
         if not fresh:
             cached = self._positive.get(path, now)
@@ -153,6 +157,8 @@ class Lookups(HomeRouting):
     async def announce_changed(self, path: str, location: Location) -> None:
         directory, name = split_parent(path)
         self._drop_listing(directory)  # not revoked by the home: this node is the asker
+        if location.node == self._peers.me and self.index is not None and await self.index.owned_now(directory):
+            return  # owned here: whoever asks first ends the ownership, and this export is listed then
         try:
             await self._dir_call(directory, msg.IndexSet(directory, name, location.node, location.attr,
                                                          location.replica_of, location.attr.is_dir, self._peers.me))

@@ -78,6 +78,7 @@ class Partitioned(IndexStore):
             self._tidy()
             while (closed := self._closed.get(directory)) is not None:
                 await closed.wait()
+            await self._ownership_gate(directory)
             self._active[directory] += 1
             try:
                 if isinstance(request, NAME_OPS) and not self._mine(directory, request.name):
@@ -138,8 +139,9 @@ class Partitioned(IndexStore):
         i at depth r becomes i and i + 2**r at depth r + 1, and the names (with their claims,
         "not found" leases, listing leases and subdirectory homes) that hash to the new one go
         to its server. Requests for the directory wait meanwhile (one round trip)."""
-        if self.split_entries <= 0 or directory in self._backing or directory in self._closed:
-            return
+        if (self.split_entries <= 0 or directory in self._backing or directory in self._closed
+                or directory in self._owned):
+            return  # (an owned directory's index lags behind its export: split once the ownership ends)
         built = self._dirs.get(directory)
         if built is None or len(built.entries) <= self._split_check.get(directory, self.split_entries):
             return
@@ -280,6 +282,7 @@ class Partitioned(IndexStore):
         """Directories under `prefixes` changed wholesale (renamed, removed, or a change failed
         half-way): build their indexes again from the exports when next asked. The servers of
         the partitions of split directories among them do the same."""
+        await self._forgotten(list(request.prefixes))
         self.forget(request.prefixes)
         under = under_any(request.prefixes)
         for directory, parts in list(self._parts.items()):

@@ -77,12 +77,32 @@ class SubdirectoryHomes(Partitioned):
         backup = self._backup_node(directory)
         if backup is None:
             return None
+        later = self._records_later.get(directory)
+        if later is not None:  # these are newer than the batch's
+            for name in updates:
+                later.pop(name, None)
         try:
             await self._peers.ask(backup, msg.IndexRecords(directory, updates, seed), timeout=self.ask_timeout)
         except OSError as exc:
             log.info("could not copy the homes under %s to the backup %s: %s", directory, backup, exc)
             return None
         return backup
+
+    def _copy_records_later(self, directory: str, updates: dict[str, str | None]) -> None:
+        """`_copy_records`, with the next batch (`flush_records`): a mkdir in a directory this node
+        owns sends no message. Until then a crash of this node loses the backup's copy, which
+        only matters if this node's own index is lost too -- and then the subdirectory, held here
+        alone, is homed again by `Homes.of_holders` (exact, at this site)."""
+        self._records_later.setdefault(directory, {}).update(updates)
+
+    async def flush_records(self) -> None:
+        """Send the batched record copies to the backups (the daemon calls this every second)."""
+        batches, self._records_later = self._records_later, {}
+        for directory, updates in batches.items():
+            if updates and self._backup_node(directory) is not None and \
+                    await self._copy_records(directory, dict(updates)) is None:
+                kept = self._records_later.setdefault(directory, {})
+                self._records_later[directory] = {**updates, **kept}  # the next batch tries again
 
     def _child_home(self, directory: str, name: str, holders: Sequence[str]) -> str | None:
         if self.homes is None:
@@ -108,6 +128,7 @@ class SubdirectoryHomes(Partitioned):
         drops its copy of the record itself. The homes that did not answer."""
         records = self._child_homes.get(directory)
         home = records.pop(name, None) if records is not None else None
+        self._records_later.get(directory, {}).pop(name, None)  # (a batched copy must not bring it back)
         homes = {node for node in (home, index_home) if node is not None}
         if index_home is not None and index_home == forgotten_by:
             homes.discard(index_home)  # the remover is the home: it forgot the index itself

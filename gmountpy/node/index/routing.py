@@ -307,8 +307,11 @@ class HomeRouting:
             self._owe(home, directory)
 
     async def flush_owed(self) -> None:
-        """Tell the homes that missed changes to list those directories again (the daemon calls
-        this every second; a home that is still unreachable stays owed)."""
+        """Tell the homes that missed changes to list those directories again, and send the backups
+        the records batched for them (the daemon calls this every second; a home that is still
+        unreachable stays owed)."""
+        if self.index is not None:
+            await self.index.flush_records()
         for home in list(self._owed):
             directories = self._owed.get(home)
             if not directories or self._peers.is_down(home):

@@ -26,6 +26,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from contextvars import ContextVar
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -38,6 +39,9 @@ from .entries import BuiltDirectory, Change, Parts, apply_change
 from .homes import Homes, home_lease_for
 from .paths import join, under_any
 from .peers import Peers, list_in_pages
+
+if TYPE_CHECKING:
+    from .owners import Owners
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +71,15 @@ class IndexStore:
     no twin), at the cost of those messages on every miss and create (a miss is still leased).
     `keep_idle`: seconds a directory's index is kept without a request reading it (0: for
     ever); longer than `rescan`, after which it would be listed again anyway.
+    `owners`: the marks of this node's export: with it, the directories this node made and
+    nobody else touches are owned here (see `owners`).
     """
 
     def __init__(self, peers: Peers, order: Sequence[str], *, lease: float, rescan: float = 30.0,
                  revoke_timeout: float = ANNOUNCE_TIMEOUT, ask_timeout: float | None = None,
                  homes: Homes | None = None, home_lease: float | None = None, listing_lease: float = 1.0,
                  backup_refresh: float = 1.0, verify_misses: bool = False, split_entries: int = 0,
-                 keep_idle: float = 120.0) -> None:
+                 keep_idle: float = 120.0, owners: Owners | None = None) -> None:
         home_lease = home_lease_for(lease) if home_lease is None else home_lease
         if split_entries < 0:
             raise ValueError(f"`split_entries` must be non-negative (0: never split), got {split_entries!r}")
@@ -124,6 +130,14 @@ class IndexStore:
         self._drained: dict[str, trio.Event] = {}      # directory -> set when its last request is done
         self._splits = self._redirects = 0
         self._operations: msg.Operations | None = None
+        # directories owned here (owners.OwnedDirectories): their creates need telling nobody
+        self.owners = owners
+        self._owned: set[str] = set()
+        self._unsettled: set[str] = set()           # no longer owned, the export not listed into the index yet
+        self._draining: dict[str, trio.Event] = {}  # directory -> set when its ownership has ended
+        self._own_checked: dict[str, float] = {}    # directory -> when owning it again was last considered
+        self._ownerships = self._releases = 0
+        self._records_later: dict[str, dict[str, str | None]] = {}  # record copies for the next batch
 
     def _tidy(self) -> None:
         """Forget the leases that ended; every `keep_idle` / 4 seconds, let go of the directory
@@ -149,6 +163,12 @@ class IndexStore:
                 and directory not in self._building and directory not in self._active
                 and directory not in self._closed and not self._negatives.names(directory)
                 and not self._listing_leases.names(directory) and not built.claimed(now))
+
+    async def _ownership_gate(self, directory: str) -> None:
+        """Before a request about `directory` is served (owners.OwnedDirectories)."""
+
+    async def _forgotten(self, prefixes: list[str]) -> None:
+        """Before the directories under `prefixes` are forgotten (owners.OwnedDirectories)."""
 
     def _leases_held(self) -> int:
         return len(self._negatives) + len(self._home_leases) + len(self._listing_leases)

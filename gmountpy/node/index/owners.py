@@ -1,0 +1,314 @@
+"""Directories a home owns: made through its mount and touched by no other node.
+
+A directory made through node N's mount is homed at N (`Homes.of_creator`). While no other
+node holds a lease in it -- no "not found" of one of its names, no listing of it -- and
+every name in it is N's own, nothing N does there needs telling anyone: N **owns** it.
+The jobs of N then create files there straight in N's export, with no message at all
+(the preload library, csrc/gmount_preload.c), and N's own creates, closes, stats and
+listings there cost no message to another node either. The index N keeps of the
+directory may lag behind its export meanwhile; the export is the truth.
+
+The first request about the directory from any other node -- a lookup, a claim, a
+listing, a change, a scan report, a forget -- ends the ownership before it is served
+(`_end_ownership`): N takes the mark off the directory, waits for every create a job has
+under way there, and lists its export into the index (`op_sync`, as a scan would). So no
+node is ever told "not found" for a name whose create returned (hand-off rule 1) and no
+claim elsewhere misses a name made here (no twins, rule 3). N owns the directory again
+once the leases the others were given have ended (a create through the mount there
+checks, at most once a second).
+
+The mark is an extended attribute of the directory in the export, `OWNER_XATTR`:
+`TOKEN PATH`, this daemon's token (random, handed to jobs with the bypass's hello) and
+the directory's path in the namespace. A job creates in the directory only while it
+holds a shared `flock` of the directory and sees the mark with its own path and the
+daemon's token; N ends an ownership by taking the mark off and then an exclusive
+`flock`, which waits for the creates under way. A directory renamed (or a daemon
+restarted: a new token) no longer shows a valid mark. See docs/directory-index.md.
+
+`Owners` is the export's side (marks and locks); `OwnedDirectories` the home's.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import math
+import os
+import secrets
+import stat
+
+import trio
+
+from ...errors import PeerUnavailable
+from ...protocol import messages as msg
+from ...protocol.messages.index import SyncEntry
+from ..export import Export
+from ..leases import WHOLE
+from ..service import REQUEST_FROM
+from .paths import under_any
+from .peers import list_whole
+from .records import SubdirectoryHomes
+
+log = logging.getLogger(__name__)
+
+#: The mark of an owned directory in the export: "TOKEN PATH".
+OWNER_XATTR = "user.gmount.owner"
+#: How long the end of an ownership waits for the creates jobs have under way (each takes
+#: microseconds; only a job stopped in the middle of one holds it longer).
+CREATES_WAIT = 5.0
+#: How often (seconds) a home checks whether it may own a directory again, per directory.
+RECHECK = 1.0
+
+
+class Owners:
+    """The marks and locks of owned directories in this node's export."""
+
+    def __init__(self, export: Export, token: str | None = None) -> None:
+        self.export = export
+        self.token = token or secrets.token_hex(8)
+        #: False once the export's file system refused the mark: nothing is owned then.
+        self.usable = True
+
+    def value(self, directory: str) -> bytes:
+        return f"{self.token} {directory}".encode("utf-8", "surrogateescape")
+
+    def _open(self, directory: str) -> int:
+        """A descriptor of `directory` in the export, walked without following symlinks."""
+        fd = self.export.open(directory, os.O_RDONLY)
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise NotADirectoryError(errno.ENOTDIR, f"{directory} is not a directory in the export")
+        return fd
+
+    def mark(self, directory: str) -> bool:
+        """Put the mark on `directory`; False when it cannot be (not here, no xattrs there)."""
+        if not self.usable or directory == "/":
+            return False
+        try:
+            fd = self._open(directory)
+        except OSError:
+            return False
+        try:
+            os.setxattr(fd, OWNER_XATTR, self.value(directory))
+            return True
+        except OSError as exc:
+            if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                log.info("the export's file system keeps no extended attributes: jobs create through the "
+                         "mount (%s)", exc)
+                self.usable = False
+            return False
+        finally:
+            os.close(fd)
+
+    def marked(self, directory: str) -> bool:
+        try:
+            fd = self._open(directory)
+        except OSError:
+            return False
+        try:
+            return os.getxattr(fd, OWNER_XATTR) == self.value(directory)
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+
+    async def unmark(self, directory: str, *, wait: float = CREATES_WAIT) -> None:
+        """Take the mark off `directory`, then wait until no job has a create under way in it
+        (the exclusive lock): from then on every create there goes through the mount. Raises
+        EIO when a job holds the directory's lock for `wait` seconds (stopped in a create)."""
+        try:
+            fd = self._open(directory)
+        except OSError:
+            return  # gone from the export (removed, renamed): nothing can be created in it by that name
+        try:
+            try:
+                os.removexattr(fd, OWNER_XATTR)
+            except OSError as exc:
+                if exc.errno not in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
+                    raise
+            deadline = trio.current_time() + wait
+            pause = 0.0001
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if trio.current_time() >= deadline:
+                        raise OSError(errno.EIO, f"a job on this node has held the lock of {directory} for "
+                                                 f"{wait:g} s in the middle of a create; try again") from None
+                    await trio.sleep(pause)
+                    pause = min(2 * pause, 0.01)
+        finally:
+            os.close(fd)  # (the lock goes with it)
+
+    def unmark_moved(self, old: str, new: str) -> None:
+        """`old`, owned, was renamed to `new`: its mark (naming `old`) goes, so that a rename back
+        cannot make it valid again."""
+        try:
+            fd = self._open(new)
+        except OSError:
+            return
+        try:
+            if os.getxattr(fd, OWNER_XATTR) == self.value(old):
+                os.removexattr(fd, OWNER_XATTR)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+class OwnedDirectories(SubdirectoryHomes):
+    """The home's index, with the directories this node owns (see the module)."""
+
+    def owns(self, directory: str) -> bool:
+        """Whether this node's jobs may create in `directory` without telling anyone now (as this
+        node recorded it; `owned_now` checks the mark is still there)."""
+        return directory in self._owned
+
+    async def owned_now(self, directory: str) -> bool:
+        """`owns`, and the mark still on the directory; a mark gone from under this node (the
+        directory removed or renamed outside the mount) ends the ownership."""
+        if directory not in self._owned:
+            return False
+        assert self.owners is not None
+        if self.owners.marked(directory):
+            return True
+        await self._end_ownership(directory)
+        return False
+
+    def _foreign(self) -> bool:
+        """Whether the request being served comes from another node (or a client)."""
+        return REQUEST_FROM.get() != self._peers.me
+
+    async def take_ownership(self, directory: str) -> bool:
+        """Own `directory` if nobody else holds a lease in it (see `_may_own`): this node made it
+        just now, or creates in it through its mount. True when owned now."""
+        if directory in self._owned:
+            return True
+        if self.owners is None or not self._may_own(directory):
+            return False
+        if not self.owners.mark(directory):
+            return False
+        self._owned.add(directory)
+        self._ownerships += 1
+        return True
+
+    async def _maybe_own_again(self, directory: str) -> None:
+        """After a change this node made in `directory` through its mount: own it again if it may
+        (checked at most every RECHECK seconds per directory)."""
+        if self.owners is None or directory in self._owned:
+            return
+        now = trio.current_time()
+        if now - self._own_checked.get(directory, -math.inf) < RECHECK:
+            return
+        self._own_checked[directory] = now
+        if len(self._own_checked) > 4 * len(self._dirs) + 1024:
+            self._own_checked = {d: t for d, t in self._own_checked.items() if now - t < RECHECK}
+        await self.take_ownership(directory)
+
+    def _may_own(self, directory: str) -> bool:
+        """Owning is safe: this node is the directory's home, its index is whole and built here
+        (not split, not stood in for), every name in it is this node's own (no replica, nothing
+        held elsewhere), and no node holds a "not found" in it or its listing: no answer anyone
+        keeps can be made untrue by a create here that nobody hears of."""
+        if directory == "/" or directory in self._backing or directory in self._parts:
+            return False
+        if directory in self._building or directory in self._closed or directory in self._draining:
+            return False
+        if self.homes is not None and self.homes.central is not None and self.homes.central != self._peers.me:
+            return False
+        built = self._dirs.get(directory)
+        if built is None or built.missing or not built.exists:
+            return False
+        now = trio.current_time()
+        if any(until > now for name in self._negatives.names(directory)
+               for until in self._negatives.holders(directory, name).values()):
+            return False
+        if any(until > now for until in self._listing_leases.holders(directory, WHOLE).values()):
+            return False
+        me = self._peers.me
+        return all(set(holders) == {me} and all(h.replica_of is None for h in holders.values())
+                   for holders in built.entries.values())
+
+    async def _ownership_gate(self, directory: str) -> None:
+        """Before a request about `directory` is served: another node's ends the ownership (the
+        export's creates reach the index first); this node's own is served as it is."""
+        if (directory in self._owned or directory in self._unsettled) and self._foreign():
+            await self._end_ownership(directory)
+        elif (waiting := self._draining.get(directory)) is not None:
+            await waiting.wait()
+
+    async def _end_ownership(self, directory: str) -> None:
+        """Take the mark off, wait for the creates under way, and list the export into the index.
+        A job stuck in a create keeps the directory unsettled: EIO until it lets go."""
+        waiting = self._draining.get(directory)
+        if waiting is not None:
+            await waiting.wait()
+            if directory not in self._unsettled:
+                return
+        if directory not in self._owned and directory not in self._unsettled:
+            return
+        self._owned.discard(directory)
+        self._unsettled.add(directory)
+        done = self._draining[directory] = trio.Event()
+        try:
+            assert self.owners is not None
+            await self.owners.unmark(directory)
+            await self._list_own_export(directory)
+            self._unsettled.discard(directory)
+            self._releases += 1
+            self._own_checked[directory] = trio.current_time()
+        finally:
+            del self._draining[directory]
+            done.set()
+
+    async def _list_own_export(self, directory: str) -> None:
+        """This node's listing of `directory` into the index: new names, sizes and removals made
+        here that the index did not hear of (as a scan report of this node's export would)."""
+        built = self._dirs.get(directory)
+        if built is None and directory not in self._building:
+            return  # not built: its next build lists every export
+        me = self._peers.me
+        try:
+            listing = await list_whole(self._peers, me, directory) or []
+        except PeerUnavailable:
+            raise
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                raise
+            listing = []
+        names = {entry.name for entry in listing}
+        entries = built.entries if built is not None else {}
+        gone = [name for name, holders in entries.items() if me in holders and name not in names]
+        await self.op_sync(msg.IndexSync(directory, me, [SyncEntry(*entry) for entry in listing]
+                                         + [SyncEntry(name, None) for name in gone]))
+
+    async def op_sync(self, request: msg.IndexSync) -> None:
+        """A scan report of `node`'s export (directory.DirectoryIndex serves it)."""
+        raise NotImplementedError
+
+    async def _forgotten(self, prefixes: list[str]) -> None:
+        """Directories under `prefixes` are forgotten (op_forget): another node's request ends their
+        ownership first (the index built again must not miss a create under way); this node's
+        own keeps the ones still marked (a change that failed half-way here)."""
+        under = under_any(prefixes)
+        for directory in [d for d in (*self._owned, *self._unsettled) if under(d)]:
+            if self._foreign() or directory in self._unsettled:
+                await self._end_ownership(directory)
+            else:
+                await self.owned_now(directory)
+
+    def moved(self, prefixes: list[str]) -> None:
+        """Directories under `prefixes` were renamed or removed (index_unhome): no longer owned, and
+        the mark of a renamed one goes (it names the old path; a rename back must not revive it)."""
+        under = under_any(prefixes)
+        for directory in [d for d in self._owned if under(d)]:
+            self._owned.discard(directory)
+            if self.owners is None:
+                continue
+            for prefix in prefixes:
+                if directory == prefix or directory.startswith(prefix.rstrip("/") + "/"):
+                    for other in prefixes:
+                        if other != prefix:
+                            self.owners.unmark_moved(directory, other + directory[len(prefix):])
