@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import itertools
 import json
 import os
 import shutil
@@ -1944,6 +1945,20 @@ def test_index_network_rename_over_a_file_written_straight_into_the_renamers_exp
         machine.union_namespace_matches_the_model()
     finally:
         machine.teardown()
+
+
+def test_index_network_two_creates_of_one_name_on_one_node_keep_the_winners_claim() -> None:
+    """Found by the state machine: two processes of a node create /a (O_EXCL) at once through the
+    mount. Their claims at the home are one; the loser's EEXIST must not withdraw it -- the
+    home would forget that the node holds /a, and every other node answer "not found". (The two
+    interleave differently from run to run: each node, four interleavings, twice.)"""
+    for node, pauses, _ in itertools.product(NODES, range(4), range(2)):
+        machine = IndexNetwork()
+        try:
+            machine.race_create(job=node, other=node, path="/a", pauses=pauses, looks=False)
+            machine.union_namespace_matches_the_model()
+        finally:
+            machine.teardown()
 
 
 def test_index_network_a_name_found_in_a_listing_is_remembered_for_a_claim_that_must_search() -> None:
