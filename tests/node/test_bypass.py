@@ -15,6 +15,7 @@ import errno
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from gmountpy import Cluster
+from gmountpy import Cluster, launch
 from gmountpy.jobs import bypass
 from gmountpy.protocol.client import call, run_sync
 
@@ -349,3 +350,45 @@ def test_off_within_the_lease_once_the_daemon_is_gone(tmp_path: Path) -> None:
             job.stdin.flush()
             assert job.stdout.readline().strip() == str(errno.ENOTCONN)  # the mount's answer, not the export's
         assert counters(tmp_path / "stats")["stat_direct"] == 1
+
+
+def test_a_killed_owners_outputs_are_out_of_reach_then_back_with_it(tmp_path: Path) -> None:
+    """kill -9 of the node that owns a directory its job made: the directory and its files are on
+    that node's disk alone, so they are out of reach meanwhile and no other node can make a
+    name in it (no twin); once the node is up again every node sees every file, each on one
+    node. The restarted daemon owns nothing: its jobs' creates there go through the mount
+    until it may own the directory again."""
+    require("FUSE", fuse_problem())
+    require("the bypass library", None if bypass.library() else f"{bypass.LIBRARY} was not built")
+    with local_cluster(tmp_path / "c", f"bpkill-{os.getpid()}", FOUR_NODES, FOUR_NODE_LINKS,
+                       TUNING + "\nindex_rescan = 30.0") as killed:
+        made = {f"f{i}": str(i).encode() * 10 for i in range(5)}
+        script = "\n".join(["import sys", "for i in range(5):", "    with open(f\"out/f{i}\", \"x\") as f:",
+                            "        f.write(str(i) * 10)"])
+        stats = tmp_path / "stats"
+        job(killed, "n2", "/", f"mkdir out && GMOUNT_BYPASS_STATS={stats} {sys.executable} -c '{script}'")
+        assert counters(stats).get("create_direct", 0) == 5
+        os.kill(killed.state.nodes["n2"].pid, signal.SIGKILL)
+        for node in ("n1", "n3"):
+            assert not os.path.exists(killed.mount(node) / "out" / "f0")  # on n2's disk alone: out of reach
+        # The directory is on n2's disk alone, as everything made in it: nobody else can make a
+        # name in it meanwhile (so no twin of a name n2 made), nor the directory itself yet
+        with pytest.raises(FileNotFoundError):
+            (killed.mount("n4") / "out" / "f0").write_bytes(b"a twin?")
+        with pytest.raises(OSError) as refused:
+            os.mkdir(killed.mount("n4") / "out")
+        assert refused.value.errno == errno.EAGAIN  # n2's claim of it is recent (CLAIM_GRACE)
+        launch.up(killed.spec)
+        assert wait_for(lambda: os.path.isdir(killed.mount("n2") / "out"), timeout=10)
+        expected = sorted(made)
+        for node in ("n1", "n2", "n3", "n4"):
+            assert wait_for(lambda node=node: sorted(os.listdir(killed.mount(node) / "out")) == expected, timeout=5), \
+                (node, sorted(os.listdir(killed.mount(node) / "out")))
+            assert (killed.mount(node) / "out" / "f3").read_bytes() == made["f3"]
+        holders = {name: [n for n in ("n1", "n2", "n3", "n4") if (killed.export(n) / "out" / name).exists()]
+                   for name in expected}
+        assert holders == dict.fromkeys(made, ["n2"])
+        stats.unlink()
+        job(killed, "n2", "/out", f"GMOUNT_BYPASS_STATS={stats} touch again")
+        assert counters(stats).get("create_direct", 0) == 0
+        assert (killed.mount("n3") / "out" / "again").exists()
