@@ -62,7 +62,7 @@ import trio
 from ..errors import PeerUnavailable
 from ..protocol import messages as msg
 from .export import split_path
-from .index.owners import OWNER_XATTR, Owners
+from .index.marks import OWNER_XATTR, Owners
 from .inodes import holder_slots
 from .locator import Location
 from .namespace import Namespace

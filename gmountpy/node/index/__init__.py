@@ -12,7 +12,8 @@ The package, bottom up (imports flow one way, each module from those above it he
 - `paths`, `homes`: how paths split, and where a directory's home, backup and
   partitions are (rules every node computes alike);
 - `peers`: what the index needs of the peer pool, and listing a node's directory;
-- the home's side: `entries` (what a home keeps of a directory), `store` (its state and
+- the home's side: `entries` (what a home keeps of a directory), `marks` (the owner marks
+  of directories in the export), `store` (its state and
   lease tables), `partitions` (Giga+ splitting), `records` (the homes of
   subdirectories), `owners` (directories the home owns: its jobs create there telling
   nobody), `directory` (`DirectoryIndex`, the `index_*` operations);
@@ -29,7 +30,7 @@ from .entries import CLAIM_GRACE
 from .homes import Homes, home_lease_for, name_hash, partition_depth, partition_of, rendezvous_order
 from .listings import LIST_AHEAD_AFTER, LIST_AHEAD_MAX, LIST_AHEAD_QUIET, LISTINGS_KEPT
 from .locator import IndexLocator
-from .owners import OWNER_XATTR, Owners
+from .marks import OWNER_XATTR, Owners
 from .partitions import NAME_OPS
 from .paths import split_parent
 from .peers import Peers

@@ -139,12 +139,18 @@ class Partitioned(IndexStore):
         i at depth r becomes i and i + 2**r at depth r + 1, and the names (with their claims,
         "not found" leases, listing leases and subdirectory homes) that hash to the new one go
         to its server. Requests for the directory wait meanwhile (one round trip)."""
-        if (self.split_entries <= 0 or directory in self._backing or directory in self._closed
-                or directory in self._owned):
-            return  # (an owned directory's index lags behind its export: split once the ownership ends)
+        if self.split_entries <= 0 or directory in self._backing or directory in self._closed:
+            return
         built = self._dirs.get(directory)
         if built is None or len(built.entries) <= self._split_check.get(directory, self.split_entries):
             return
+        if directory in self._owned or directory in self._unsettled:
+            # an owned directory's index lags behind its export: the ownership ends (the export
+            # listed into the index) before any name moves to another server
+            await self._end_ownership(directory)
+            built = self._dirs.get(directory)
+            if built is None or directory in self._closed:
+                return
         closed = self._closed[directory] = trio.Event()
         try:
             if self._active.get(directory):

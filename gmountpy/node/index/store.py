@@ -26,7 +26,6 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from contextvars import ContextVar
-from typing import TYPE_CHECKING
 
 import trio
 
@@ -37,11 +36,9 @@ from ..leases import Leases
 from ..locator import ANNOUNCE_TIMEOUT
 from .entries import BuiltDirectory, Change, Parts, apply_change
 from .homes import Homes, home_lease_for
+from .marks import Owners
 from .paths import join, under_any
 from .peers import Peers, list_in_pages
-
-if TYPE_CHECKING:
-    from .owners import Owners
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +163,9 @@ class IndexStore:
 
     async def _ownership_gate(self, directory: str) -> None:
         """Before a request about `directory` is served (owners.OwnedDirectories)."""
+
+    async def _end_ownership(self, directory: str) -> None:
+        """End this node's ownership of `directory` (owners.OwnedDirectories)."""
 
     async def _forgotten(self, prefixes: list[str]) -> None:
         """Before the directories under `prefixes` are forgotten (owners.OwnedDirectories)."""
