@@ -1490,6 +1490,7 @@ class IndexNetwork(RuleBasedStateMachine):
         self.watchers: dict[str, ExportWatcher] = {}
         self.namespaces: dict[str, Namespace] = {}
         self.ever_held: dict[str, set[str]] = {}  # path -> every node that held it after some step
+        self.straight = 0  # creates a job made straight in its export (an owned directory)
         for node in NODES:
             root = self.base / node
             root.mkdir()
@@ -1703,6 +1704,7 @@ class IndexNetwork(RuleBasedStateMachine):
 
         fd = None if owners is None else await create_in_owned(self.exports[node].root, owners.token, path,
                                                                os.O_WRONLY | os.O_EXCL, 0o644, pause)
+        self.straight += fd is not None
         if fd is None:
             ns = self.namespaces[node]
             handle = await ns.create(path, os.O_WRONLY | os.O_EXCL, 0o644)
@@ -1785,6 +1787,19 @@ class IndexNetwork(RuleBasedStateMachine):
             if error is not None:  # the loser: the name exists (or is being made: EAGAIN)
                 assert isinstance(error, FileExistsError) or error.errno == errno.EAGAIN, (who, error)
         self.files[path] = b"job" if winners == ["job"] else b"other"
+
+    @rule(node=st.sampled_from(NODES), directory=st.sampled_from(("/d", "/e")), other=st.sampled_from(NODES),
+          pauses=st.integers(0, 3), looks=st.booleans())
+    def job_makes_its_outputs(self, node: str, directory: str, other: str, pauses: int, looks: bool) -> None:
+        """What a job does: make a directory, then its outputs in it -- the first one straight in
+        the export (the node owns the directory: nobody asked in it yet), the second racing
+        another node's create or lookup of that name. The invariant's lookups from every node
+        then end the ownership, and must see every output (rule 1), each once (rule 3)."""
+        if not self._parent_ok(directory) or directory in self.files or directory in self.dirs:
+            return
+        self.mkdir(node=node, path=directory, fault=None)
+        self.job_create(node=node, path=f"{directory}/a", data=b"output", pauses=pauses)
+        self.race_create(job=node, other=other, path=f"{directory}/b", pauses=pauses, looks=looks)
 
     @rule(seconds=st.sampled_from([1.0, 15.0]))
     def let_time_pass(self, seconds: float) -> None:
@@ -1959,6 +1974,39 @@ def test_index_network_two_creates_of_one_name_on_one_node_keep_the_winners_clai
             machine.union_namespace_matches_the_model()
         finally:
             machine.teardown()
+
+
+def test_index_network_a_job_makes_its_outputs_straight_in_an_owned_directory() -> None:
+    """The state machine's job: a directory made on a node, an output made straight in its export,
+    a second one racing another node's create or lookup -- every node sees each output once.
+    (Checks the rule reaches the owned path: the random runs do not count it.)"""
+    for node, other, looks in itertools.product(("n1", "n3"), ("n1", "n2", "n4"), (False, True)):
+        machine = IndexNetwork()
+        try:
+            machine.job_makes_its_outputs(node=node, directory="/d", other=other, pauses=1, looks=looks)
+            assert machine.straight >= 1, "the job's first output was not made straight in the export"
+            machine.union_namespace_matches_the_model()
+            assert not machine.indexes[node].owns("/d")  # the other nodes' lookups ended the ownership
+        finally:
+            machine.teardown()
+
+
+def test_index_network_a_file_rewritten_in_a_directory_owned_again_shows_its_new_size() -> None:
+    """Found by the state machine: n1 owns /e again after the leases of the others ended, and
+    rewrites /e/a through its mount -- the truncation is recorded at the home (n1), the close is
+    told to nobody. n2's lookup ends the ownership: the export's listing, taken after that close,
+    is newer than what the truncation recorded, and n2 sees the new size."""
+    machine = IndexNetwork()
+    try:
+        machine.job_makes_its_outputs(directory="/e", looks=False, node="n1", other="n1", pauses=0)
+        machine.union_namespace_matches_the_model()
+        machine.let_time_pass(seconds=1.0)
+        machine.union_namespace_matches_the_model()
+        machine.rewrite(data=b"\x00", fault=None, node="n1", path="/e/a")
+        assert machine.indexes["n1"].owns("/e")
+        machine.union_namespace_matches_the_model()
+    finally:
+        machine.teardown()
 
 
 def test_index_network_a_name_found_in_a_listing_is_remembered_for_a_claim_that_must_search() -> None:

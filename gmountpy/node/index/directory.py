@@ -513,6 +513,11 @@ class DirectoryIndex(OwnedDirectories):
         A split directory's changes go on to the servers of the partitions this node knows of
         and the sender did not (`covered`); each keeps the names of its own partitions.
         """
+        await self._sync(request)
+
+    async def _sync(self, request: msg.IndexSync, *, fresh: bool = False) -> None:
+        """`op_sync`. `fresh`: the listing is newer than whatever a claim or close told this home
+        (this node's own export, listed at the end of an ownership: its closes told nobody)."""
         directory, node, changes = request.directory, request.node, request.changes
         parts = self._parts.get(directory)
         if parts is not None:
@@ -552,7 +557,7 @@ class DirectoryIndex(OwnedDirectories):
         for name, holder in seen.items():
             before = entries.get(name, {}).get(node)
             if before is not None and before.recent(now):
-                if before.attr is not None:
+                if before.attr is not None and not fresh:
                     continue
                 holder = Holder(holder.is_dir, holder.attr, holder.replica_of, before.since)
             # a rename's attributes, not known here till now: every listing handed out since asked the holder

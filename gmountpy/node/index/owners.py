@@ -174,11 +174,12 @@ class OwnedDirectories(SubdirectoryHomes):
         names = {entry.name for entry in listing}
         entries = built.entries if built is not None else {}
         gone = [name for name, holders in entries.items() if me in holders and name not in names]
-        await self.op_sync(msg.IndexSync(directory, me, [SyncEntry(*entry) for entry in listing]
-                                         + [SyncEntry(name, None) for name in gone]))
+        await self._sync(msg.IndexSync(directory, me, [SyncEntry(*entry) for entry in listing]
+                                       + [SyncEntry(name, None) for name in gone]), fresh=True)
 
-    async def op_sync(self, request: msg.IndexSync) -> None:
-        """A scan report of `node`'s export (directory.DirectoryIndex serves it)."""
+    async def _sync(self, request: msg.IndexSync, *, fresh: bool = False) -> None:
+        """A scan report of `node`'s export (directory.DirectoryIndex serves it); `fresh`: newer
+        than what closes told the home."""
         raise NotImplementedError
 
     async def _forgotten(self, prefixes: list[str]) -> None:
