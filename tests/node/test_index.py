@@ -1789,16 +1789,28 @@ class IndexNetwork(RuleBasedStateMachine):
         self.files[path] = b"job" if winners == ["job"] else b"other"
 
     @rule(node=st.sampled_from(NODES), directory=st.sampled_from(("/d", "/e")), other=st.sampled_from(NODES),
-          pauses=st.integers(0, 3), looks=st.booleans())
-    def job_makes_its_outputs(self, node: str, directory: str, other: str, pauses: int, looks: bool) -> None:
+          pauses=st.integers(0, 3), looks=st.booleans(),
+          then=st.sampled_from([None, "rewrite", "truncate", "unlink", "rename"]))
+    def job_makes_its_outputs(self, node: str, directory: str, other: str, pauses: int, looks: bool,
+                              then: str | None = None) -> None:
         """What a job does: make a directory, then its outputs in it -- the first one straight in
-        the export (the node owns the directory: nobody asked in it yet), the second racing
-        another node's create or lookup of that name. The invariant's lookups from every node
-        then end the ownership, and must see every output (rule 1), each once (rule 3)."""
+        the export (the node owns the directory: nobody asked in it yet), which the job may then
+        change through the mount, still owning the directory; the second racing another node's
+        create or lookup of that name. The invariant's lookups from every node then end the
+        ownership, and must see every output (rule 1), each once (rule 3)."""
         if not self._parent_ok(directory) or directory in self.files or directory in self.dirs:
             return
         self.mkdir(node=node, path=directory, fault=None)
-        self.job_create(node=node, path=f"{directory}/a", data=b"output", pauses=pauses)
+        first = f"{directory}/a"
+        self.job_create(node=node, path=first, data=b"output", pauses=pauses)
+        if then == "rewrite":
+            self.rewrite(node=node, path=first, data=b"longer output", fault=None)
+        elif then == "truncate":
+            self.truncate(node=node, path=first, size=3, fault=None)
+        elif then == "unlink":
+            self.unlink(node=node, path=first, fault=None)
+        elif then == "rename":
+            self.rename(node=node, src=first, dst=f"{directory}/b", fault=None)
         self.race_create(job=node, other=other, path=f"{directory}/b", pauses=pauses, looks=looks)
 
     @rule(seconds=st.sampled_from([1.0, 15.0]))
@@ -1980,10 +1992,11 @@ def test_index_network_a_job_makes_its_outputs_straight_in_an_owned_directory() 
     """The state machine's job: a directory made on a node, an output made straight in its export,
     a second one racing another node's create or lookup -- every node sees each output once.
     (Checks the rule reaches the owned path: the random runs do not count it.)"""
-    for node, other, looks in itertools.product(("n1", "n3"), ("n1", "n2", "n4"), (False, True)):
+    for node, other, looks, then in itertools.product(("n1", "n3"), ("n1", "n4"), (False, True),
+                                                      (None, "rewrite", "truncate", "unlink", "rename")):
         machine = IndexNetwork()
         try:
-            machine.job_makes_its_outputs(node=node, directory="/d", other=other, pauses=1, looks=looks)
+            machine.job_makes_its_outputs(node=node, directory="/d", other=other, pauses=1, looks=looks, then=then)
             assert machine.straight >= 1, "the job's first output was not made straight in the export"
             machine.union_namespace_matches_the_model()
             assert not machine.indexes[node].owns("/d")  # the other nodes' lookups ended the ownership
