@@ -162,7 +162,7 @@ class ReadAhead:
         # holder, from `position` on (a file read past its end may have grown).
         pending = self._pending.get(index)
         if pending is None or pending.base > position:
-            pending = self._start(index, position, explicit=True)
+            pending = self._start(index, position)
             if pending is None:
                 return None
         await pending.done.wait()
@@ -183,7 +183,7 @@ class ReadAhead:
             if self._start(index, index * BLOCK) is None:
                 break
 
-    def _start(self, index: int, base: int, explicit: bool = False) -> _Pending | None:
+    def _start(self, index: int, base: int) -> _Pending | None:
         """Fetch bytes [base, end of block `index`) in the background; None without budget."""
         if not self._budget.take(BLOCK):
             return None
