@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gmountpy import launch
+from gmountpy import Cluster, GmountError, launch
 
 from .conftest import FOUR_NODE_LINKS, FOUR_NODES, fuse_problem, local_cluster, require, wait_for
 
@@ -59,6 +59,9 @@ def test_killed_node_fails_fast_and_the_rest_keeps_working(tmp_path: Path) -> No
         (through / "new-after-crash.txt").write_text("fine")
         status = {s.name: s.up for s in launch.status("kill9")}
         assert status == {"n1": True, "n2": True, "n3": False, "n4": True}
+        # a job for the dead node says why it cannot run (before: "/ is not a directory in its mount")
+        with pytest.raises(GmountError, match="n3: / in its mount .*: Transport endpoint is not connected"):
+            Cluster.open("kill9").run("true", on="n3")
         # exports are never harmed by a crash
         assert (cluster.export("n3") / "shared" / "from-n3.txt").read_text() == "n3" * 4_000_000
 

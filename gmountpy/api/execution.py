@@ -7,6 +7,7 @@ import os
 import posixpath
 import shlex
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -65,8 +66,7 @@ class Execution:
             return spawning.start(node, command, where, argv, os.environ, over_ssh=True, stdout=stdout,
                                   stderr=stderr)
         where = os.path.join(node_spec.mountpoint, directory.lstrip("/"))
-        if not os.path.isdir(where):
-            raise GmountError(f"cannot run on node {node}: {directory} is not a directory in its mount ({where})")
+        _check_directory(node, directory, where)
         return spawning.start(node, command, where, spawning.local_argv(command), {**os.environ, **extra},
                               over_ssh=False, stdout=stdout, stderr=stderr)
 
@@ -78,8 +78,7 @@ class Execution:
                    capture: bool) -> RunResult:
         mountpoint = self._view.state.spec.nodes[node].mountpoint
         cwd = os.path.join(mountpoint, directory.lstrip("/"))
-        if not os.path.isdir(cwd):
-            raise GmountError(f"cannot run on node {node}: {directory} is not a directory in its mount ({cwd})")
+        _check_directory(node, directory, cwd)
         started = time.monotonic()
         pipe = subprocess.PIPE if capture else None
         process = subprocess.Popen(command, shell=True, cwd=cwd, env={**os.environ, **self._command_env(node)},
@@ -146,3 +145,14 @@ def _text(data: bytes | str | None) -> str:
     if data is None:
         return ""
     return data if isinstance(data, str) else data.decode(errors="replace")
+
+
+def _check_directory(node: str, directory: str, where: str) -> None:
+    """A job runs in `directory` of `node`'s mount: say why it cannot (its error, e.g. the node's mount is
+    not connected, or that it is no directory), not only that it cannot."""
+    try:
+        is_dir = stat.S_ISDIR(os.stat(where).st_mode)
+    except OSError as exc:
+        raise GmountError(f"cannot run on node {node}: {directory} in its mount ({where}): {exc.strerror}") from None
+    if not is_dir:
+        raise GmountError(f"cannot run on node {node}: {directory} is not a directory in its mount ({where})")
