@@ -46,6 +46,7 @@ def main() -> int:
     parser.add_argument("--no-workflows", action="store_true", help="no make and Snakemake runs")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--keep", type=Path, help="keep the run's directory (state, logs, exports) here")
+    parser.add_argument("--note", default="", help="a line for the report (what code ran, the machine's load)")
     args = parser.parse_args()
     if (why := problem()) is not None:
         print(f"soak: cannot run here: {why}", file=sys.stderr)
@@ -66,7 +67,7 @@ def main() -> int:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
     command = "python benchmarks/soak.py " + " ".join(sys.argv[1:])
-    write_report(report, args.out, command.strip())
+    write_report(report, args.out, command.strip(), note=args.note)
     print(f"soak: {report.failures} failures; report in {args.out}", file=sys.stderr)
     return 1 if report.failures else 0
 

@@ -34,7 +34,7 @@ from .check import (
 )
 from .cluster import NODES, SITES, SoakCluster
 from .inject import Injector, homes_of
-from .judge import Fault, judge
+from .judge import Fault, judge, leftover_documented
 from .work import (
     ApiWriter,
     Appender,
@@ -283,7 +283,13 @@ def _report(config: SoakConfig, ledger: Ledger, injected: list[Fault], all_fault
                              "why": verdict.why})
     failures += [{"category": "unreadable or wrong after the soak", "why": f} for f in checked.failures]
     failures += [{"category": "twin", "why": t} for t in twins]
-    failures += [{"category": "leftover temporary file", "why": t} for t in leftovers]
+    documented_leftovers = 0
+    for leftover in leftovers:
+        node, _, path = leftover.partition(": ")
+        if leftover_documented(node, path, ledger.ops, injected):
+            documented_leftovers += 1
+        else:
+            failures.append({"category": "leftover temporary file", "why": leftover})
     failures += [{"category": "bytes outside exports", "why": o} for o in outside]
     failures += [{"category": "daemon internal error", "why": e} for e in logs.internal_errors]
     failures += [{"category": what, "why": detail[:2000]} for what, detail in harness_failures
@@ -317,6 +323,7 @@ def _report(config: SoakConfig, ledger: Ledger, injected: list[Fault], all_fault
                    "list": [f.to_dict(t0) for f in injected],
                    "timeouts_logged_by_daemons": len(logs.slow), "peer_marked_down_logged": logs.unavailable},
         "files_checked": checked.files,
+        "put_temporaries_left_by_killed_holders": documented_leftovers,
         "reads_checked": checked.reads,
         "bytes_in_exports": stored,
         "documented_errors": {"by_errno": dict(documented.most_common()), "by_fault": dict(covered_by.most_common())},
@@ -332,8 +339,8 @@ def _report(config: SoakConfig, ledger: Ledger, injected: list[Fault], all_fault
     return Report(data)
 
 
-def write_report(report: Report, path: Path, command: str) -> None:
-    document = {"command": command, "commit": git("rev-parse", "HEAD"),
+def write_report(report: Report, path: Path, command: str, note: str = "") -> None:
+    document = {"command": command, "commit": git("rev-parse", "HEAD"), **({"note": note} if note else {}),
                 "uncommitted_changes": bool(git("status", "--porcelain", "--", "gmountpy", "benchmarks")),
                 "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **report.data}
     path.parent.mkdir(parents=True, exist_ok=True)

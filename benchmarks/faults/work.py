@@ -344,7 +344,7 @@ class ApiWriter(Worker):
         path = f"{SOAK}/api/d{self.seq // 20}/a{self.seq:05}.bin"
         start = time.time()
         reply = self.ask({"op": kind, "path": "/" + path, "source": str(source.path), "on": on, "from": asking})
-        op = Op(kind, asking, start, time.time(), writes_on=(on or asking,))
+        op = Op(kind, asking, start, time.time(), writes_on=(on or asking,), path=path)
         self._failed(op, reply)
         self.ledger.record(op)
         if op.ok:
