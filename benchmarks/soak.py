@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -58,6 +59,10 @@ def main() -> int:
     config = SoakConfig(seconds=args.minutes * 60, seed=args.seed, faults=kinds, disk_mib=args.disk_mib,
                         quiet_tail=60.0, gap=(5.0, 25.0), hold=(3.0, 20.0),
                         workflows=() if args.no_workflows else ("make", "snakemake"), workflow_pause=(20.0, 60.0))
+    # Ctrl-C and SIGTERM end the run through its cleanup (a shell without job control starts background
+    # jobs with SIGINT ignored; give it its default back)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     work = args.keep or Path(tempfile.mkdtemp(prefix="gmsoak-"))
     work.mkdir(parents=True, exist_ok=True)
     os.environ["XDG_STATE_HOME"] = str(work / "state")

@@ -266,7 +266,9 @@ def _report(config: SoakConfig, ledger: Ledger, injected: list[Fault], all_fault
     covered_by: Counter[str] = Counter()
     failures: list[dict[str, Any]] = []
     now = time.time()
+    longest: dict[str, float] = defaultdict(float)
     for op in ledger.ops:
+        longest[op.kind] = max(longest[op.kind], op.end - op.start)
         if op.ok:
             by_kind[op.kind]["ok"] += 1
             continue
@@ -318,7 +320,8 @@ def _report(config: SoakConfig, ledger: Ledger, injected: list[Fault], all_fault
         "seconds": {"setup": round(timing["load"] - timing["start"], 1),
                     "load": round(timing["load_end"] - timing["load"], 1),
                     "checks_and_teardown": round(timing["done"] - timing["load_end"], 1)},
-        "operations": {"total": len(ledger.ops), "by_kind": {k: dict(v) for k, v in sorted(by_kind.items())}},
+        "operations": {"total": len(ledger.ops), "by_kind": {k: dict(v) for k, v in sorted(by_kind.items())},
+                       "longest_s": {k: round(v, 2) for k, v in sorted(longest.items())}},
         "faults": {"total": len(injected), "by_kind": dict(sorted(fault_kinds.items())),
                    "list": [f.to_dict(t0) for f in injected],
                    "timeouts_logged_by_daemons": len(logs.slow), "peer_marked_down_logged": logs.unavailable},
