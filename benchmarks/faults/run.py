@@ -267,6 +267,7 @@ def _report(config: SoakConfig, ledger: Ledger, injected: list[Fault], all_fault
     failures: list[dict[str, Any]] = []
     now = time.time()
     longest: dict[str, float] = defaultdict(float)
+    examples: dict[tuple[str, str, str], str] = {}  # (operation, errnos, faults) -> its first message
     for op in ledger.ops:
         longest[op.kind] = max(longest[op.kind], op.end - op.start)
         if op.ok:
@@ -278,6 +279,8 @@ def _report(config: SoakConfig, ledger: Ledger, injected: list[Fault], all_fault
             for code in op.errnos:
                 documented[errno.errorcode.get(code, str(code))] += 1
             covered_by.update(verdict.kinds)
+            example = (op.kind, ",".join(errno.errorcode.get(c, str(c)) for c in op.errnos), ",".join(verdict.kinds))
+            examples.setdefault(example, (op.error or op.unless_fault)[-300:])
         else:
             by_kind[op.kind]["failure"] += 1
             failures.append({"category": "operation", "kind": op.kind, "node": op.node,
@@ -329,7 +332,9 @@ def _report(config: SoakConfig, ledger: Ledger, injected: list[Fault], all_fault
         "put_temporaries_left_by_killed_holders": documented_leftovers,
         "reads_checked": checked.reads,
         "bytes_in_exports": stored,
-        "documented_errors": {"by_errno": dict(documented.most_common()), "by_fault": dict(covered_by.most_common())},
+        "documented_errors": {"by_errno": dict(documented.most_common()), "by_fault": dict(covered_by.most_common()),
+                              "examples": [{"operation": k, "errnos": e, "under": f, "message": m}
+                                           for (k, e, f), m in sorted(examples.items())]},
         "daemons": daemons,
         "bounds": {"fd_growth": config.fd_growth_bound, "rss_growth_mib": config.rss_growth_bound_mib},
         "event_loop_stall_reports": logs.stall_reports,
