@@ -42,6 +42,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.stealing import WorkStealing
 
 from ..jobs.placement import choose_node
+from .dask import PLUGIN_NAME
 
 if TYPE_CHECKING:
     from distributed.scheduler import Scheduler, SchedulerState, TaskState, WorkerState
@@ -52,7 +53,6 @@ __all__ = ["PLUGIN_NAME", "LocalityStealing", "Placement", "input_paths"]
 
 log = logging.getLogger("gmountpy.dask")
 
-PLUGIN_NAME = "gmount-placement"
 URL_PREFIX = "gmount://"
 #: how deep into nested arguments a task spec is searched for gmount files
 MAX_DEPTH = 16
@@ -80,7 +80,7 @@ def _gmount_fs_of(value: object, cluster: str) -> bool:
     fs = getattr(value, "fs", None)
     if fs is None or getattr(fs, "protocol", None) != "gmount":
         return False
-    return getattr(getattr(fs, "cluster", None), "name", None) == cluster
+    return getattr(fs, "cluster", None) == cluster  # GmountFileSystem.cluster: the cluster's name
 
 
 def _walk(value: object, cluster: str, found: dict[str, None], depth: int, paths_are_gmount: bool) -> None:

@@ -8,7 +8,7 @@ socket of its own (`gmountpy.cluster.jobsocket`: where, and the protocol),
 and the wrapper (make's C `gmount-job`, the Snakemake executor) only runs
 the job where it is told. The rule is Pwrake's (`gmountpy.jobs.placement`,
 docs/design.md "Placement"); a job without located inputs stays on the node
-asked (make's own node).
+asked (make's own node): `gmountpy.jobs.placement.place_job`, which `gmount plan` uses too.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from .._trio import open_nursery
 from ..cluster.config import ClusterSpec
 from ..cluster.jobsocket import MAGIC, MAX_MESSAGE
 from ..cluster.overlay import Overlay
-from ..jobs.placement import choose_node
+from ..jobs.placement import place_job
 from .locator import Location
 from .namespace import MergedListing
 
@@ -94,25 +94,17 @@ class JobPlacer:
             if found is not None and found not in paths:
                 paths.append(found)
         holdings = await self.holdings(paths)
-        located = {path: held for path, held in holdings.items() if held}
-        if pin:
-            node, reason = pin, "pinned by the job"
-        elif not located:
-            node, reason = self.me, f"no located inputs: the node asked ({self.me})"
-        else:
-            decision = choose_node(holdings, self.nodes, slots=self.slots, running={}, rtt=self.overlay.rtt)
-            node, reason = decision.node, decision.reason
-        local = sum(held[node] for held in located.values() if node in held)
-        remote = sum(max(held.values()) for held in located.values() if node not in held)
+        placed = place_job(holdings, self.nodes, asked=self.me, slots=self.slots, rtt=self.overlay.rtt, pin=pin)
+        node = placed.node
         remote_node = self.is_remote(node)
         return {"node": node, "site": self.spec.node(node).site, "cluster": self.spec.name, "make_node": self.me,
                 "cwd": directory, "remote": "1" if remote_node else "0",
                 "dir": "" if remote_node else posixpath.join(self.spec.node(node).mountpoint, directory.lstrip("/")),
-                "reason": reason, "inputs": str(len(holdings)), "bytes_local": str(local),
-                "bytes_remote": str(remote)}
+                "reason": placed.reason, "inputs": str(len(holdings)), "bytes_local": str(placed.bytes_local),
+                "bytes_remote": str(placed.bytes_remote)}
 
     async def holdings(self, paths: list[str]) -> dict[str, dict[str, int]]:
-        """holdings[namespace path][node] = bytes, as `choose_node` takes them, asked all at once.
+        """holdings[namespace path][node] = bytes, as `place_job` takes them, asked all at once.
 
         A directory stands for every file below it (in name order); a path no node holds maps
         to {}; each holder is credited with the size the mount shows (a replica: its source's)."""

@@ -41,7 +41,8 @@ from .._trio import open_nursery
 from ..cluster.state import ClusterState, load_secret, load_tls, load_tls_ca_key
 from ..errors import GmountError, NodeUnavailable, PeerUnavailable
 from . import rpc
-from .messages import Close, Closedir, Open, Opendir, Ping, PingReply, PutAbort, PutOpen, R, Request
+from .messages import (Close, Closedir, Fstat, Fsync, Ftruncate, Open, Opendir, Ping, PingReply, PutAbort, PutClose,
+                       PutOpen, R, Read, Readdir, Request, Write)
 from .tls import ClusterCA, NodeCredentials, client_context, expiring
 
 __all__ = ["ClusterClient", "ask", "call", "client_ssl", "open_client", "ping_all", "run_sync"]
@@ -52,23 +53,17 @@ T = TypeVar("T")
 Address = tuple[str, int]
 
 
-def _first_int(reply: Any) -> int:
-    """The handle at the head of an `open` or `opendir` reply (the rest is not needed to let go of it)."""
-    if isinstance(reply, (list, tuple)) and reply and type(reply[0]) is int:
-        return reply[0]
-    raise ValueError(f"no handle in {reply!r}")
-
-
 def _release_open(reply: Any) -> tuple[str, list[Any]]:
-    return Close.op, Close(_first_int(reply)).args()
+    return Close.op, Close(Open("/", 0).reply_codec().decode(reply).handle).to_wire()
 
 
 def _release_opendir(reply: Any) -> tuple[str, list[Any]] | None:
-    return None if reply is None else (Closedir.op, Closedir(_first_int(reply)).args())
+    opened = Opendir("/").reply_codec().decode(reply)
+    return None if opened is None else (Closedir.op, Closedir(opened.handle).to_wire())
 
 
 def _release_put(reply: Any) -> tuple[str, list[Any]]:
-    return PutAbort.op, PutAbort(PutOpen("/", 0).decode(reply)).args()
+    return PutAbort.op, PutAbort(PutOpen("/", 0).reply_codec().decode(reply)).to_wire()
 
 
 #: Requests that leave a handle on the node, and the request that lets go of it when their
@@ -79,30 +74,30 @@ LATE_REPLY_RELEASES: dict[str, rpc.Release] = {
 
 
 def _handle_of(op: str, reply: Any) -> int | None:
-    """The node's handle in a reply to `op` (None: `op` gives none, or this reply has none)."""
+    """The node's handle in a reply to `op` (None: `op` gives none, or this reply has none).
+
+    On the wire an `OpenReply` and an `OpendirReply` are arrays with the handle first, a `put_open` reply is
+    the handle itself (protocol/codec.py)."""
     if op == PutOpen.op:
         return reply if type(reply) is int else None
-    if op in (Open.op, Opendir.op) and reply is not None:
-        try:
-            return _first_int(reply)
-        except ValueError:
-            return None
+    if op in (Open.op, Opendir.op) and isinstance(reply, list | tuple) and reply and type(reply[0]) is int:
+        return reply[0]
     return None
 
 
 def _with_handle(op: str, reply: Any, handle: int) -> Any:
-    """`reply` with the node's handle replaced by the client's."""
+    """`reply` (in its wire form) with the node's handle replaced by the client's."""
     if op == PutOpen.op:
         return handle
     return [handle, *list(reply)[1:]]
 
 
-#: Requests whose first argument is a handle.
-ON_HANDLE = frozenset({"read", "write", "fsync", "fstat", "ftruncate", "close", "readdir", "closedir",
-                       "put_close", "put_abort"})
+#: Requests whose first argument is a handle a node gave.
+ON_HANDLE = frozenset(kind.op for kind in (Read, Write, Fsync, Fstat, Ftruncate, Close, Readdir, Closedir,
+                                           PutClose, PutAbort))
 #: Of those, the ones that let go of it (nothing left to do when the node let go already), and all that end it.
 LETS_GO = frozenset({Close.op, Closedir.op, PutAbort.op})
-ENDS = LETS_GO | {"put_close"}
+ENDS = LETS_GO | {PutClose.op}
 
 
 class ClusterClient:
@@ -211,7 +206,7 @@ class ClusterClient:
 
     async def ask(self, node: str, request: Request[R], *, timeout: float | None = None) -> R:
         """`call` with a typed request (gmountpy.protocol.messages): the reply comes back checked and typed."""
-        return request.decode(await self.call(node, request.op, *request.args(), timeout=timeout))
+        return request.decode(await self.call(node, request.op, *request.to_wire(), timeout=timeout))
 
     async def connection(self, node: str) -> rpc.RpcClient:
         """The open connection to `node`, made now if there is none (one connect at a time per node)."""
@@ -337,7 +332,7 @@ async def call(state: ClusterState, node: str, op: str, *args: Any, timeout: flo
 async def ask(state: ClusterState, node: str, request: Request[R], *, timeout: float = 10.0,
               secret: bytes | None = None) -> R:
     """`call` with a typed request (gmountpy.protocol.messages): the reply comes back checked and typed."""
-    return request.decode(await call(state, node, request.op, *request.args(), timeout=timeout, secret=secret))
+    return request.decode(await call(state, node, request.op, *request.to_wire(), timeout=timeout, secret=secret))
 
 
 async def ping_all(state: ClusterState, timeout: float = 3.0) -> dict[str, PingReply | str]:

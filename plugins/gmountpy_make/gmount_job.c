@@ -11,13 +11,21 @@
  *   process group of its own, with GMOUNT_NODE, GMOUNT_SITE and GMOUNT_CLUSTER set. INT, TERM, HUP
  *   and QUIT are forwarded to the whole group, and what is left of it after one of them is
  *   terminated (SIGTERM, SIGKILL 2 s later): a shell starts `cmd &` with SIGINT ignored.
- * - A node on another machine (SSH cluster), or no job socket (not in a gmount mount, a daemon
- *   without one): exec the Python gmount-sh ($GMOUNT_SH_FALLBACK, else gmount-sh on PATH), which
- *   reaches SSH nodes; told the node already chosen (GMOUNT_PLACED_NODE) when there is one.
+ * - A node on another machine (SSH cluster), or no job socket (a daemon without one): exec the
+ *   Python gmount-sh ($GMOUNT_SH_FALLBACK, else gmount-sh on PATH), which reaches SSH nodes; told
+ *   the node already chosen (GMOUNT_PLACED_NODE) when there is one.
+ * - Not in a gmount mount at all: the recipe runs here, with a notice.
  * - stdout, stderr and stdin are the recipe's own; the exit status is the recipe's (killed by a
  *   signal: this process dies of the same signal, as make expects of a shell).
+ * - A recipe that fails says so on stderr, naming its node and exit status, on the line before
+ *   make's own error (`gmount: target T failed on node n3: its recipe exited with status 7`).
  * - One JSON line per recipe goes to $GMOUNT_PLACEMENT_LOG, in the format of the Python gmount-sh,
  *   with "via": "daemon".
+ * - `gmount-job --gmount-check` (gmount.mk, once per run of make): prints "place <time>-<make's pid>"
+ *   when the working directory is in a gmount mount whose daemon answers on its job socket (the
+ *   stamp names the run's placement log), else "local <why>", so
+ *   that make runs recipes as plain make does, with one notice (the Python gmount-sh decides for a
+ *   daemon without a job socket).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -37,6 +45,8 @@
 #include <limits.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "gmount_registry.h"
 
 extern char **environ;
 
@@ -469,6 +479,7 @@ static const int FORWARDED[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 #define N_FORWARDED (sizeof FORWARDED / sizeof FORWARDED[0])
 static volatile sig_atomic_t child_group = 0;
 static volatile sig_atomic_t received = 0;
+static int not_run = 0;  /* the recipe could not be started or waited for: said already */
 
 static void forward(int sig) {
     received = sig;
@@ -568,14 +579,17 @@ static int run_here(char **args, const char *target, const placement *where) {
     if (failed) {
         sigprocmask(SIG_SETMASK, &saved, NULL);
         say("cannot run the recipe of %s on node %s in %s: %s", target, where->node, where->dir, strerror(failed));
+        not_run = 1;
         return 127;
     }
     child_group = child;
+    gmount_register_job(where->cluster, where->node, target, child, "make", where->cwd);  /* for `gmount top` */
     sigprocmask(SIG_SETMASK, &saved, NULL);  /* one that came meanwhile is forwarded now */
     int status = 0;
     while (waitpid(child, &status, 0) < 0) {
         if (errno != EINTR) {
             say("lost the recipe of %s on node %s: %s", target, where->node, strerror(errno));
+            not_run = 1;
             return 127;
         }
     }
@@ -588,14 +602,48 @@ static int run_here(char **args, const char *target, const placement *where) {
 
 static int finish(char **args, const char *target, const placement *where);
 
-static void exec_fallback(char **original, const char *why) {
+static const char *fallback_program(void) {
     const char *fallback = getenv("GMOUNT_SH_FALLBACK");
-    if (!fallback || !*fallback)
-        fallback = "gmount-sh";
+    return fallback && *fallback ? fallback : "gmount-sh";
+}
+
+static void exec_fallback(char **original, const char *why) {
+    const char *fallback = fallback_program();
     original[0] = (char *)fallback;
     execvp(fallback, original);
     say("%s, and the Python gmount-sh (%s) cannot run: %s", why, fallback, strerror(errno));
     exit(127);
+}
+
+/* `--gmount-check`: one line on stdout, "place <stamp>" if recipes run from the working directory are
+ * placed, else "local <why>" (gmount.mk then leaves make's SHELL alone and says why, once). */
+static int check(char **original) {
+    char cwd[PATH_MAX];
+    if (!getcwd(cwd, sizeof cwd)) {
+        printf("local the working directory cannot be read (%s)\n", strerror(errno));
+        return 0;
+    }
+    buffer mount = {0};
+    if (!find_gmount(cwd, &mount)) {
+        printf("local %s is not inside a gmount mount\n", cwd);
+        return 0;
+    }
+    int fd = connect_daemon(mount.data);
+    if (fd >= 0) {  /* with the run's stamp for the placement log's name: time and make's pid */
+        close(fd);
+        char stamp[32];
+        time_t now = time(NULL);
+        strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%S", localtime(&now));
+        printf("place %s-%ld\n", stamp, (long)getppid());
+        return 0;
+    }
+    /* A daemon without a job socket: the Python wrapper can still place, if it knows the cluster. */
+    const char *fallback = fallback_program();
+    original[0] = (char *)fallback;
+    execvp(fallback, original);
+    printf("local the node daemon mounted at %s has no job socket, and the Python gmount-sh (%s) cannot run (%s)\n",
+           mount.data, fallback, strerror(errno));
+    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -611,6 +659,8 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i <= argc; i++)
         original[i] = argv[i];
+    if (argc == 2 && strcmp(argv[1], "--gmount-check") == 0)
+        return check(original);
     args[0] = (char *)shell;
     for (int i = 1; i <= argc; i++)
         args[i] = argv[i];
@@ -625,8 +675,12 @@ int main(int argc, char **argv) {
     if (!getcwd(cwd, sizeof cwd))
         exec_fallback(original, "no working directory");
     buffer mount = {0};
-    if (!find_gmount(cwd, &mount))
-        exec_fallback(original, "not in a gmount mount");  /* the Python wrapper says what to do */
+    if (!find_gmount(cwd, &mount)) {  /* gmount.mk's check makes this rare: SHELL set by hand */
+        fprintf(stderr, "gmount: %s is not inside a gmount mount: the recipe of %s runs here\n", cwd, target);
+        execv(shell, args);
+        say("cannot run %s: %s", shell, strerror(errno));
+        return 127;
+    }
     const char *deps = getenv("GMOUNT_DEPS");
     placement where;
     buffer card = {0}, paths = {0};
@@ -675,11 +729,17 @@ int main(int argc, char **argv) {
     return finish(args, target, &where);
 }
 
-/* Run the recipe where `where` says, log it, and end as it ended. */
+/* Run the recipe where `where` says, log it, and end as it ended; a failure names its node. */
 static int finish(char **args, const char *target, const placement *where) {
     long long started = monotonic_ns();
     int status = run_here(args, target, where);
     write_log(target, where, (double)(monotonic_ns() - started) / 1e9, status);
+    if (status > 0 && !not_run)
+        fprintf(stderr, "gmount: target %s failed on node %s: its recipe exited with status %d\n", target,
+                where->node, status);
+    else if (status < 0 && !received)  /* an interrupt (make's, forwarded) is make's to report */
+        fprintf(stderr, "gmount: target %s failed on node %s: its recipe was killed by signal %d (%s)\n", target,
+                where->node, -status, strsignal(-status));
     if (status < 0) {  /* killed by a signal: die the same way, so make reports it as it would for /bin/sh */
         int sig = -status;
         signal(sig, SIG_DFL);

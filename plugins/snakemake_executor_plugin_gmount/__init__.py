@@ -6,7 +6,7 @@
 Run Snakemake inside any node's mount with plain paths. For each job this
 plugin picks a node -- `resources.gmount_node` if the rule sets it, else the
 node holding most input bytes, as the head node's daemon answers on its job
-socket (`gmountpy.cluster.jobsocket`; `Cluster.place` when it has none) --
+socket (`gmountpy.cluster.jobsocket`; the same rule here, `place`, when it has none) --
 and runs the job there, in the same directory of *that* node's mount (a
 local process on a local cluster, over SSH on an SSH cluster), so its
 outputs land in that node's export and its inputs are read locally. Jobs
@@ -32,7 +32,9 @@ stdout/stderr go to `.gmount/snakemake-logs/`; a failing job's error shows
 the end of its stderr. Ctrl-C stops every running job with everything it
 started.
 
-Only the public gmountpy API (gmountpy.api) and the job socket's client are used.
+The public gmountpy API (gmountpy.api), the job socket's client, the placement rule and the
+stdlib-only mount lookups (gmountpy.cluster.mounts) are used. `job_inputs`, `job_pin` and `place`
+are what `gmount plan` shares with the executor to predict a run.
 """
 
 # No `from __future__ import annotations`: Snakemake reads the settings' field types at run time.
@@ -44,7 +46,7 @@ import shlex
 import sys
 import threading
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -57,7 +59,9 @@ from snakemake_interface_executor_plugins.settings import CommonSettings, Execut
 
 from gmountpy import GmountError
 from gmountpy.api import Cluster, Spawned
-from gmountpy.cluster import jobsocket
+from gmountpy.cluster import jobsocket, mounts
+from gmountpy.jobs.placement import JobPlacement, place_job
+from gmountpy.jobs.runlog import with_run_summary
 
 #: How often running jobs are polled: they are local processes (or local ssh clients), so a poll is a
 #: waitpid per job; a job's end is seen this soon.
@@ -106,6 +110,7 @@ class _Running:
     via: str                      # "shell" (the command itself) or "snakemake" (the job's own Snakemake)
     because: str = ""             # why the job needed its own Snakemake process
     placed_by: str = "daemon"     # "daemon" (its job socket) or "api" (Cluster.place: no job socket)
+    cancelled: bool = False       # stopped by cancel_jobs (Snakemake may call it more than once)
 
 
 class Executor(RemoteExecutor):
@@ -151,65 +156,31 @@ class Executor(RemoteExecutor):
 
     # -- choosing the node ---------------------------------------------------------
 
-    def _inputs(self, job: JobExecutorInterface) -> list[str]:
-        paths = []
-        for item in job.input:
-            text = str(item)
-            if "://" in text or not text:
-                continue  # storage queries are not in the namespace
-            paths.append(text)
-        return paths
-
-    def _pinned(self, job: JobExecutorInterface) -> Optional[str]:
-        asked = job.resources.get("gmount_node") if hasattr(job.resources, "get") else None
-        if not asked:
-            return None
-        node = str(asked)
-        if node not in self.cluster.nodes:
-            raise WorkflowError(f"gmount executor: rule {job.name} asks for gmount_node={node!r}, which is "
-                                f"not a node of cluster {self.cluster.name!r} "
-                                f"(nodes: {', '.join(self.cluster.nodes.names)})")
-        return node
-
     def _place(self, job: JobExecutorInterface, inputs: list[str]) -> tuple[str, str, int, int, str]:
         """(node, why, input bytes it holds, input bytes it reads from others, "daemon" or "api").
 
         The head node's daemon answers from its warm state on its job socket; without one (a
-        daemon that has none), the public API asks the same questions over RPC."""
-        pinned = self._pinned(job)
+        daemon that has none), the same rule here over what the mount says (`place`)."""
+        pinned = job_pin(job, self.cluster.nodes.names, self.cluster.name)
         try:
             reply = jobsocket.place(self.head_mount_real, os.getcwd(), inputs, pin=pinned)
         except jobsocket.JobsError as exc:
             raise GmountError(str(exc)) from None
         except (OSError, ValueError):
-            node, reason = (pinned, "resources.gmount_node") if pinned else self._api_place(inputs)
-            local, remote = self._input_bytes(inputs, node)
-            return node, reason, local, remote, "api"
-        reason = "resources.gmount_node" if pinned else reply["reason"]
+            found = mounts.find(os.getcwd())
+            if found is None:
+                raise GmountError(f"{os.getcwd()} is no longer inside a mount of cluster {self.cluster.name!r}") \
+                    from None
+            mounted, head, _ = found
+            placed = place(mounted.holdings(inputs), mounted, head, pinned)
+            return placed.node, placed.reason, placed.bytes_local, placed.bytes_remote, "api"
+        reason = PINNED if pinned else reply["reason"]
         return reply["node"], reason, int(reply["bytes_local"]), int(reply["bytes_remote"]), "daemon"
-
-    def _api_place(self, inputs: list[str]) -> tuple[str, str]:
-        placement = self.cluster.place(inputs)
-        return placement.node, placement.reason
-
-    def _input_bytes(self, inputs: list[str], node: str) -> tuple[int, int]:
-        """(bytes of the inputs `node` holds, bytes it must read from other nodes)."""
-        if not inputs:
-            return 0, 0
-        local = remote = 0
-        for found in self.cluster.where(inputs):
-            if not found.holders:
-                continue
-            if any(h.node == node for h in found.holders):
-                local += next(h.size for h in found.holders if h.node == node)
-            else:
-                remote += found.holders[0].size
-        return local, remote
 
     # -- running -----------------------------------------------------------------------
 
     def run_job(self, job: JobExecutorInterface) -> None:
-        inputs = self._inputs(job)
+        inputs = job_inputs(job)
         try:
             node, reason, local, remote, placed_by = self._place(job, inputs)
         except GmountError as exc:
@@ -234,7 +205,8 @@ class Executor(RemoteExecutor):
             command = command.replace(self.head_mount + "/", target_mount + "/")
         with open(self._on_disk(base + ".out"), "wb") as out, open(self._on_disk(base + ".err"), "wb") as err:
             try:
-                spawned = self.cluster.spawn(command, on=node, cwd=self.directory, env=env, stdout=out, stderr=err)
+                spawned = self.cluster.spawn(command, on=node, cwd=self.directory, env=env, stdout=out, stderr=err,
+                                             job=f"{job.name} #{job.jobid}", kind="snakemake")
             except (GmountError, OSError) as exc:
                 raise WorkflowError(f"gmount executor: cannot start job {job.name} on node {node}: {exc}") from None
         via = "shell" if direct is not None else "snakemake"
@@ -256,6 +228,8 @@ class Executor(RemoteExecutor):
     async def check_active_jobs(self, active_jobs: list[SubmittedJobInfo]) -> AsyncGenerator[SubmittedJobInfo, None]:
         for job_info in active_jobs:
             running: _Running = job_info.aux["gmount"]
+            if running.cancelled:  # cancel_jobs stopped it and logged it: Snakemake is stopping
+                continue
             status = running.spawned.poll()
             if status is None:
                 yield job_info
@@ -274,12 +248,17 @@ class Executor(RemoteExecutor):
                     f"gmount: job {job_info.job.name} ({job_info.job.jobid}) failed on node {running.node}: {why}. "
                     f"Its stderr there:\n{said}\n(whole log: {running.stderr})\n"), aux_logs=[running.stderr])
 
+    shutdown = with_run_summary(RemoteExecutor.shutdown)  # the run's summary line at its end
+
     def cancel_jobs(self, active_jobs: list[SubmittedJobInfo]) -> None:
         """Stop every running job (SIGTERM to its process group, SIGKILL after the grace time)."""
         jobs: list[tuple[SubmittedJobInfo, _Running]] = [(j, j.aux["gmount"]) for j in active_jobs
-                                                          if j.aux and "gmount" in j.aux]
+                                                          if j.aux and "gmount" in j.aux
+                                                          and not j.aux["gmount"].cancelled]
         if not jobs:
             return
+        for _, running in jobs:
+            running.cancelled = True
         with ThreadPoolExecutor(max_workers=min(32, len(jobs))) as pool:
             statuses = list(pool.map(lambda item: item[1].spawned.stop(self.settings.stop_grace), jobs))
         for (job_info, running), status in zip(jobs, statuses, strict=True):
@@ -299,7 +278,7 @@ class Executor(RemoteExecutor):
             "reason": running.reason, "inputs": running.inputs, "input_bytes_local": running.local_bytes,
             "input_bytes_remote": running.remote_bytes,
             "seconds": round(time.monotonic() - running.spawned.started, 3), "exit": status,
-            "via": running.via, "placed_by": running.placed_by,
+            "via": running.via, "placed_by": running.placed_by, "time": round(time.time(), 3),
         }
         if running.because:
             record["snakemake_because"] = running.because
@@ -311,6 +290,46 @@ class Executor(RemoteExecutor):
             record["cancelled"] = True
         with self._log_lock, open(self.log_path, "a") as log:
             log.write(json.dumps(record) + "\n")
+
+
+# -- the placement decision: shared with `gmount plan`, which predicts a run -------------------------
+
+#: The reason a pinned job gives (the placement log's `reason`).
+PINNED = "resources.gmount_node"
+
+
+def job_inputs(job: Any) -> list[str]:
+    """The inputs of `job` placement looks at: storage queries (`x://...`) are not in the namespace."""
+    paths = []
+    for item in job.input:
+        text = str(item)
+        if "://" in text or not text:
+            continue
+        paths.append(text)
+    return paths
+
+
+def job_pin(job: Any, nodes: Sequence[str], cluster: str) -> Optional[str]:
+    """The node `job` names with `resources: gmount_node=...`, if any (WorkflowError if not a node)."""
+    asked = job.resources.get("gmount_node") if hasattr(job.resources, "get") else None
+    if not asked:
+        return None
+    node = str(asked)
+    if node not in nodes:
+        raise WorkflowError(f"gmount executor: rule {job.name} asks for gmount_node={node!r}, which is "
+                            f"not a node of cluster {cluster!r} (nodes: {', '.join(nodes)})")
+    return node
+
+
+def place(holdings: Mapping[str, Mapping[str, int]], cluster: mounts.MountedCluster, head: str,
+          pin: Optional[str]) -> JobPlacement:
+    """Where a job with inputs held as `holdings` runs when Snakemake runs on node `head`: the rule the
+    head's daemon applies (`gmountpy.jobs.placement.place_job`), with a pin's reason as the log says it."""
+    placed = place_job(holdings, list(cluster.nodes), asked=head, rtt=cluster.rtt, pin=pin or "",
+                       slots={name: node.slots for name, node in cluster.nodes.items()})
+    if pin:
+        return JobPlacement(placed.node, PINNED, placed.bytes_local, placed.bytes_remote)
+    return placed
 
 
 def _direct_command(job: JobExecutorInterface) -> tuple[Optional[tuple[str, str]], str]:
@@ -409,4 +428,4 @@ def _command_stderr(text: str, lines: int = 20) -> str:
     return "\n".join(all_lines[-lines:]) or "(empty)"
 
 
-__all__ = ["Executor", "ExecutorSettings", "common_settings"]
+__all__ = ["PINNED", "Executor", "ExecutorSettings", "common_settings", "job_inputs", "job_pin", "place"]

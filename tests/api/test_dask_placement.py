@@ -13,18 +13,13 @@ from dask._task_spec import Alias, DataNode, Task, TaskRef  # noqa: E402
 from gmountpy.api.dask_placement import input_paths  # noqa: E402
 
 
-class _Cluster:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-
 class FakeFs:
     """Looks like GmountFileSystem where input_paths looks: its protocol and its cluster's name."""
 
     protocol = "gmount"
 
     def __init__(self, cluster: str) -> None:
-        self.cluster = _Cluster(cluster)
+        self.cluster = cluster
 
 
 class FakeOpenFile:

@@ -16,6 +16,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -134,6 +135,8 @@ def test_snakemake_runs_every_job_where_its_inputs_are(cluster4: LocalCluster, w
     subprocess.run([sys.executable, "-m", "gmountpy", "snakemake-profile", str(head / "profiles" / "default"),
                     "--latency-wait", "5"], check=True, capture_output=True, timeout=60)
     cwd = cluster4.mount("n1") / workdir
+    plan = gmount_plan(cwd)  # before the run: from Snakemake's DAG, nothing run
+    assert not (cwd / "work").exists()
     run = snakemake(cwd, "-j4")
     assert "gmount: job upper" in run.stderr + run.stdout
 
@@ -156,6 +159,21 @@ def test_snakemake_runs_every_job_where_its_inputs_are(cluster4: LocalCluster, w
     merge = next(r for r in records if r["rule"] == "merge")
     assert merge["node"] == "n4" and merge["input_bytes_remote"] > 0  # read n1..n3's outputs at once
 
+    # the plan said it all beforehand: every job's node; the bytes of jobs whose inputs existed exactly,
+    # the others' estimated (their inputs were outputs of planned jobs)
+    assert plan["head_node"] == "n1" and plan["total"]["jobs"] == len(records) == 9
+    planned = {(job["rule"], tuple(job["inputs"])): job for job in plan["jobs"]}
+    for record in records:
+        job = planned[(str(record["rule"]), tuple(record["inputs"]))]  # type: ignore[arg-type]
+        assert job["node"] == record["node"], (job, record)
+        if record["rule"] == "upper":
+            assert (job["bytes_local"], job["bytes_remote"]) == (record["input_bytes_local"],
+                                                                 record["input_bytes_remote"])
+            assert not job["planned_inputs"] and not job["bytes_local_estimated"]
+        else:
+            assert job["planned_inputs"] == job["inputs"] and job["bytes_local_estimated"]
+    assert plan["total"]["bytes_remote"] == sum(job["bytes_remote"] for job in plan["jobs"]) > 0
+
     # outputs land in the export of the node that made them
     for s, i in (("s1", 1), ("s2", 2), ("s3", 3), ("s4", 4)):
         assert holder(cluster4, workdir, f"work/{s}.up") == [f"n{i}"]
@@ -177,6 +195,103 @@ def test_snakemake_runs_every_job_where_its_inputs_are(cluster4: LocalCluster, w
     # a second run has nothing to do (mtimes and metadata agree across nodes)
     again = snakemake(cwd, "-j4")
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def gmount_plan(cwd: Path, *args: str) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-m", "gmountpy", "plan", "--json", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=RUN_TIMEOUT, check=False)
+    assert done.returncode == 0, done.stderr
+    plan: dict[str, Any] = json.loads(done.stdout)
+    return plan
+
+
+CONFIGURED = """\
+configfile: "config.yaml"
+localrules: summary
+
+rule all:
+    input: "summary.txt"
+
+rule align:
+    input: "reads/{sample}.fq"
+    output: "aligned/{sample}.txt"
+    shell: "wc -c < {input} > {output}"
+
+rule summary:
+    input: expand("aligned/{sample}.txt", sample=config["samples"])
+    output: "summary.txt"
+    shell: "cat {input} > {output}"
+"""
+
+
+def test_gmount_plan_follows_config_targets_and_localrules(cluster4: LocalCluster, workdir: str) -> None:
+    """Snakemake's own DAG: --config and the configfile decide the jobs, a target narrows them, a local rule
+    stays on the node Snakemake runs on; the text form names every job and the totals."""
+    spread(cluster4, workdir, {"reads/a.fq": ("n2", b"a" * 3000), "reads/b.fq": ("n3", b"b" * 5000),
+                               "reads/c.fq": ("n4", b"c" * 7000)})
+    head = cluster4.export("n1") / workdir
+    head.mkdir(parents=True, exist_ok=True)
+    (head / "Snakefile").write_text(CONFIGURED)
+    (head / "config.yaml").write_text("samples: [a, b]\n")
+    cwd = cluster4.mount("n1") / workdir
+    plan = gmount_plan(cwd)
+    assert [(job["job"], job["node"]) for job in plan["jobs"]] == [
+        ("align sample=a", "n2"), ("align sample=b", "n3"), ("summary", "n1")]
+    summary = plan["jobs"][2]
+    assert summary["reason"] == "local rule: runs where Snakemake runs (n1)"
+    assert summary["planned_inputs"] == ["aligned/a.txt", "aligned/b.txt"] and summary["bytes_remote_estimated"]
+    assert plan["jobs"][1]["bytes_local"] == 5000 and plan["jobs"][1]["bytes_remote"] == 0
+
+    every = gmount_plan(cwd, "--config", "samples=[a, b, c]")
+    assert [job["node"] for job in every["jobs"]] == ["n2", "n3", "n4", "n1"]
+    one = gmount_plan(cwd, "aligned/c.txt", "--config", "samples=[a, b, c]")
+    assert [(job["job"], job["node"]) for job in one["jobs"]] == [("align sample=c", "n4")]
+
+    text = subprocess.run([sys.executable, "-m", "gmountpy", "plan"], cwd=cwd, capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT, check=False)
+    assert text.returncode == 0, text.stderr
+    assert f"plan of Snakefile {cwd / 'Snakefile'} in /{workdir}: cluster {cluster4.spec.name}, run from node n1" \
+        in text.stdout
+    assert "total: 3 jobs (n1 1, n2 1, n3 1); input bytes read locally 7.8 KiB, from other nodes ~" in text.stdout
+    assert not (cwd / "aligned").exists() and not (cwd / "summary.txt").exists()
+
+    # a Snakefile that cannot be built: Snakemake's reason, one line, no traceback
+    (head / "config.yaml").write_text("samples: [a, zz]\n")
+    broken = subprocess.run([sys.executable, "-m", "gmountpy", "plan"], cwd=cwd, capture_output=True, text=True,
+                            timeout=RUN_TIMEOUT, check=False)
+    assert broken.returncode == 1 and "Traceback" not in broken.stderr
+    assert broken.stderr.startswith("gmount: Snakemake cannot build the DAG: ") and "reads/zz.fq" in broken.stderr
+
+
+def test_executor_without_a_job_socket_places_with_the_same_rule(cluster4: LocalCluster, workdir: str) -> None:
+    """A head daemon without a job socket: the executor decides itself with the rule the daemon applies
+    (`place`, shared with gmount plan), from what the mount says: the log says "api", the nodes agree."""
+    from gmountpy.cluster import jobsocket
+
+    spread(cluster4, workdir, {"data/a.txt": ("n3", b"a" * 4000), "data/b.txt": ("n4", b"b" * 1000),
+                               "data/dir/x": ("n2", b"x" * 500), "data/dir/y": ("n2", b"y" * 700)})
+    head = cluster4.export("n1") / workdir
+    head.mkdir(parents=True, exist_ok=True)
+    (head / "Snakefile").write_text(
+        'rule all:\n    input: "ab.txt", "dir.txt", "none.txt"\n'
+        'rule ab:\n    input: "data/a.txt", "data/b.txt"\n    output: "ab.txt"\n    shell: "cat {input} > {output}"\n'
+        'rule dir:\n    input: "data/dir"\n    output: "dir.txt"\n    shell: "ls {input} > {output}"\n'
+        'rule none:\n    output: "none.txt"\n    shell: "echo $GMOUNT_NODE > {output}"\n')
+    cwd = cluster4.mount("n1") / workdir
+    plan = {job["job"]: job["node"] for job in gmount_plan(cwd)["jobs"]}
+    sock = Path(jobsocket.socket_path(os.path.realpath(cluster4.mount("n1"))))
+    hidden = sock.with_name(sock.name + ".hidden")
+    sock.rename(hidden)
+    try:
+        snakemake(cwd, "--executor", "gmount", "-j4", "--gmount-placement-log", "placement.jsonl")
+    finally:
+        hidden.rename(sock)
+    records = {str(r["rule"]): r for r in placement_records(cwd / "placement.jsonl")}
+    assert {rule: (r["node"], r["placed_by"]) for rule, r in records.items()} == {
+        "ab": ("n3", "api"), "dir": ("n2", "api"), "none": ("n1", "api")}
+    assert (records["ab"]["input_bytes_local"], records["ab"]["input_bytes_remote"]) == (4000, 1000)
+    assert records["dir"]["input_bytes_local"] == 1200
+    assert plan == {rule: r["node"] for rule, r in records.items()}
 
 
 # -- failures, --keep-going, retries, group jobs, pinned nodes ---------------------------------------------
@@ -227,6 +342,11 @@ def test_failures_keep_going_retries_groups_and_pins(cluster4: LocalCluster, wor
     head.mkdir(parents=True, exist_ok=True)
     (head / "Snakefile").write_text(FAILURES)
     cwd = cluster4.mount("n1") / workdir
+    plan = {job["job"]: job for job in gmount_plan(cwd)["jobs"]}
+    assert {name: job["node"] for name, job in plan.items()} == {
+        "good": "n3", "flaky": "n3", "bad": "n2", "group g: group_a, group_b": "n4", "pinned": "n1"}
+    assert plan["pinned"]["reason"] == "resources.gmount_node"
+    assert plan["group g: group_a, group_b"]["inputs"] == ["data/grp.txt"]  # what the group reads from outside
     run = snakemake(cwd, "--executor", "gmount", "-j4", "--latency-wait", "5", "--keep-going", "--retries", "1",
                     "--gmount-placement-log", "placement.jsonl", check=False)
     output = run.stdout + run.stderr
@@ -308,7 +428,7 @@ rule slow:
     assert wait_for(lambda: not processes_mentioning(f"sleep {token}") and not processes_mentioning(workdir),
                     timeout=15), (processes_mentioning(f"sleep {token}"), processes_mentioning(workdir))
     records = placement_records(cwd / "placement.jsonl")
-    assert len(records) == 4 and all(r.get("cancelled") for r in records), records
+    assert len(records) == 4 and all(r.get("cancelled") for r in records), json.dumps(records, indent=0)
     assert not list(cwd.glob("out/*"))
 
 
