@@ -41,8 +41,7 @@ from .._trio import open_nursery
 from ..cluster.state import ClusterState, load_secret, load_tls, load_tls_ca_key
 from ..errors import GmountError, NodeUnavailable, PeerUnavailable
 from . import rpc
-from .messages import (Close, Closedir, Fstat, Fsync, Ftruncate, Open, Opendir, Ping, PingReply, PutAbort, PutClose,
-                       PutOpen, R, Read, Readdir, Request, Write)
+from .messages import REQUESTS, Close, Closedir, Open, Opendir, Ping, PingReply, PutAbort, PutClose, PutOpen, R, Request
 from .tls import ClusterCA, NodeCredentials, client_context, expiring
 
 __all__ = ["ClusterClient", "ask", "call", "client_ssl", "open_client", "ping_all", "run_sync"]
@@ -92,9 +91,8 @@ def _with_handle(op: str, reply: Any, handle: int) -> Any:
     return [handle, *list(reply)[1:]]
 
 
-#: Requests whose first argument is a handle a node gave.
-ON_HANDLE = frozenset(kind.op for kind in (Read, Write, Fsync, Fstat, Ftruncate, Close, Readdir, Closedir,
-                                           PutClose, PutAbort))
+#: Requests whose first argument is a handle a node gave (read, write, close, readdir, put_close, ...).
+ON_HANDLE = frozenset(op for op, kind in REQUESTS.items() if list(vars(kind)["__dataclass_fields__"])[:1] == ["handle"])
 #: Of those, the ones that let go of it (nothing left to do when the node let go already), and all that end it.
 LETS_GO = frozenset({Close.op, Closedir.op, PutAbort.op})
 ENDS = LETS_GO | {PutClose.op}

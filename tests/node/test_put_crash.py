@@ -1,12 +1,10 @@
-"""A put cut short by a crash of the node it writes to: its hidden temporary file must not stay forever.
+"""A put's hidden temporary file: never shown while the put runs, and gone after a crash of its node.
 
-KNOWN BUG, found by the fault-injection soak (tests/test_soak.py: a put to n1 in flight when n1 was
-SIGKILLed left soak/api/d4/.a00085.bin.gmount-put-1d9acfaf in n1's export, shown by `ls -a` on every
-node, forever). node/service.py removes a put's temporary on put_abort, put_close's failure and when
-the client's connection closes -- none of which runs when the daemon itself is killed -- and at start
-it removes only the leftovers of stagings (the replica table lists them), not of puts. For the owner
-of node/service.py: remove them at start (a journal of open puts, as the replica table is for
-stagings), then drop the xfail marker.
+The fault-injection soak found it: a put to n1 in flight when n1 was SIGKILLed left
+soak/api/d4/.a00085.bin.gmount-put-1d9acfaf in n1's export, shown by `ls -a` on every node,
+forever (node/service.py removed it on put_abort, put_close's failure and when the client's
+connection closed -- none of which runs when the daemon itself is killed). node/puts.py keeps
+a note of each put in progress, and a daemon starting up removes what its last run left.
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ import os
 import signal
 from pathlib import Path
 
-import pytest
+import trio
 
 from gmountpy import launch
 from gmountpy.protocol import messages as msg
@@ -24,8 +22,6 @@ from gmountpy.protocol.client import open_client, run_sync
 from ..conftest import FOUR_NODE_LINKS, FOUR_NODES, fuse_problem, local_cluster, require, wait_for
 
 
-@pytest.mark.xfail(strict=True, reason="known bug for node/service.py: a put's temporary file outlives a crash "
-                                       "of its node (see the module docstring)")
 def test_a_put_cut_short_by_a_crash_of_its_node_leaves_no_temporary_file(tmp_path: Path) -> None:
     require("FUSE", fuse_problem())
     with local_cluster(tmp_path, f"putcrash-{os.getpid()}", FOUR_NODES, FOUR_NODE_LINKS) as cluster:
@@ -33,6 +29,8 @@ def test_a_put_cut_short_by_a_crash_of_its_node_leaves_no_temporary_file(tmp_pat
             async with open_client(cluster.state) as client:
                 handle = await client.ask("n2", msg.PutOpen("/data/big.bin", 0o644))
                 await client.ask("n2", msg.Write(handle, 0, b"x" * 100_000))
+                for node in cluster.nodes:  # a put in progress is nobody's file yet: no mount shows it
+                    assert await trio.to_thread.run_sync(os.listdir, cluster.mount(node) / "data") == [], node
                 os.kill(cluster.state.nodes["n2"].pid, signal.SIGKILL)  # the node dies mid-put
 
         run_sync(start_a_put)
