@@ -97,7 +97,7 @@ class Op:
     wrong: str = ""               # a result that is wrong whatever the faults (bytes read)
     unless_fault: str = ""        # wrong unless a fault was around (a listing without a new name, a stale size)
     raced: str = ""               # the harness itself moved or removed the file meanwhile: not the cluster's doing
-    path: str = ""                # the file it writes, when one (API puts: their leftovers are told apart by it)
+    path: str = ""                # the file it writes, when one
 
     @property
     def ok(self) -> bool:
@@ -186,14 +186,3 @@ def _covering(op: Op, code: int, faults: Iterable[Fault], grace: float, now: flo
             if involved & set(fault.nodes):
                 return fault
     return None
-
-
-def leftover_documented(node: str, path: str, ops: Iterable[Op], faults: Sequence[Fault]) -> bool:
-    """A put's hidden temporary file `path` (soak/d/.NAME.gmount-put-XXXXXXXX) left on `node` is
-    documented (docs/failures.md, "A whole-file write ...") only when a put of soak/d/NAME failed while
-    `node` was being killed: a daemon killed mid-put cannot remove it."""
-    directory, _, name = path.rpartition("/")
-    destination = f"{directory}/{name[1:name.index('.gmount-put-')]}" if name.startswith(".") else ""
-    kills = [f for f in faults if f.kind == "kill" and node in f.nodes]
-    return any(op.path == destination and op.error and node in op.writes_on
-               and any(f.start <= op.end and op.start <= (f.end or op.end) for f in kills) for op in ops)

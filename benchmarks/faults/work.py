@@ -343,12 +343,25 @@ class ApiWriter(Worker):
         on = FULL_NODE if self.rng.random() < 0.25 else None
         path = f"{SOAK}/api/d{self.seq // 20}/a{self.seq:05}.bin"
         start = time.time()
+        before = self._targets(path, asking) if on is None else ()
         reply = self.ask({"op": kind, "path": "/" + path, "source": str(source.path), "on": on, "from": asking})
-        op = Op(kind, asking, start, time.time(), writes_on=(on or asking,), path=path)
+        writes_on = (on,) if on is not None else tuple(dict.fromkeys(before + self._targets(path, asking)))
+        op = Op(kind, asking, start, time.time(), writes_on=writes_on, path=path)
         self._failed(op, reply)
         self.ledger.record(op)
         if op.ok:
             self.ledger.expect(path, source.sha, source.size, op.end, f"{kind}@{asking}")
+
+    def _targets(self, path: str, asking: str) -> tuple[str, ...]:
+        """Where a new file `path` written without `on` goes (api/files.py, near_directory): a node whose
+        export holds its directory, or the nearest ancestor any holds; `asking` when none does."""
+        directory = os.path.dirname(path)
+        while directory:
+            holders = tuple(n for n in NODES if (self.cluster.export(n) / directory).is_dir())
+            if holders:
+                return holders
+            directory = os.path.dirname(directory)
+        return (asking,)
 
     @staticmethod
     def _failed(op: Op, reply: dict[str, object]) -> None:

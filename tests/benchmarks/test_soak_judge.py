@@ -8,7 +8,7 @@ from __future__ import annotations
 import errno
 import random
 
-from benchmarks.faults.judge import Fault, Op, errnos_in, judge, leftover_documented
+from benchmarks.faults.judge import Fault, Op, errnos_in, judge
 from benchmarks.faults.run import KINDS, SoakConfig, plan
 
 GRACE = 10.0
@@ -82,14 +82,3 @@ def test_the_schedule_comes_from_the_seed_and_has_every_kind() -> None:
     assert {p.kind for p in first[:len(KINDS)]} == set(KINDS)
     homes = [p for p in first if p.kind == "kill_home_and_backup"]
     assert all(p.params["also"] and p.params["also"][0] != p.params["node"] for p in homes)
-
-
-def test_a_put_temporary_is_documented_only_when_its_holder_was_killed_under_that_put() -> None:
-    kill = Fault("kill", ("n1",), 100.0, 108.0)
-    cut = Op("put", "n2", 99.0, 100.5, writes_on=("n1",), error="NodeUnavailable: ...", path="soak/api/d4/a85.bin")
-    left = "soak/api/d4/.a85.bin.gmount-put-1d9acfaf"
-    assert leftover_documented("n1", left, [cut], [kill])
-    assert not leftover_documented("n1", left, [cut], [])                      # no crash: the put must clean up
-    assert not leftover_documented("n1", "soak/api/d4/.other.bin.gmount-put-00000000", [cut], [kill])
-    done = Op("put", "n2", 99.0, 100.5, writes_on=("n1",), path="soak/api/d4/a85.bin")
-    assert not leftover_documented("n1", left, [done], [kill])                 # it succeeded: nothing may be left
