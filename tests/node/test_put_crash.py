@@ -16,6 +16,7 @@ from pathlib import Path
 import trio
 
 from gmountpy import launch
+from gmountpy.launch.orchestrate import pid_is_daemon
 from gmountpy.protocol import messages as msg
 from gmountpy.protocol.client import open_client, run_sync
 
@@ -36,6 +37,7 @@ def test_a_put_cut_short_by_a_crash_of_its_node_leaves_no_temporary_file(tmp_pat
         run_sync(start_a_put)
         leftovers = sorted(p.name for p in (cluster.export("n2") / "data").iterdir())
         assert leftovers and all(".gmount-put-" in name for name in leftovers)  # what the crash left
+        assert wait_for(lambda: not pid_is_daemon(cluster.state.nodes["n2"].pid), timeout=10)  # (it takes a moment)
         launch.up(cluster.spec)  # restarts n2
         assert wait_for(lambda: not list((cluster.export("n2") / "data").iterdir()), timeout=10), \
             sorted(p.name for p in (cluster.export("n2") / "data").iterdir())
