@@ -261,7 +261,8 @@ class Namespace:
             opened = FileHandle(path, location.node, reply.attr, remote=reply.handle)
             if self._nursery is not None:
                 reader = opened
-                opened.reader = ReadAhead(lambda off, size: self._read_remote(reader, off, size), self._nursery)
+                opened.reader = ReadAhead(lambda off, size: self._read_remote(reader, off, size), self._nursery,
+                                          size=reply.attr.size)
         if flags & os.O_TRUNC:  # the size cached before the open is wrong now
             self.locator.learn(path, Location(opened.node, opened.attr))
             await self.locator.announce_changed(path, Location(opened.node, opened.attr))

@@ -13,6 +13,15 @@ and whose reply came after its caller gave up (a timeout, a cancelled read)
 is undone on the same connection (`close`, `closedir`, `put_abort`), so lost
 replies leave no descriptor behind on the node (LATE_REPLY_RELEASES).
 
+A node keeps the handles it gave (open files, listings, puts) per connection,
+numbered from 1 on each, and lets go of them when that connection closes. So
+the client hands its callers handles of its own, unique for its life, and keeps
+which connection gave each and the node's number for it: a request on a handle
+whose connection has closed since (it broke, or the node was restarted) fails
+with EIO saying so. It never reaches the node, where the same number may name
+another file by now, opened on the new connection. Letting go of such a handle
+(`close`, `closedir`, `put_abort`) succeeds at once: the node did it already.
+
 `call`/`ask` and `run_sync` are the short forms for one request from
 synchronous code (a short-lived trio run per call).
 """
@@ -32,7 +41,7 @@ from .._trio import open_nursery
 from ..cluster.state import ClusterState, load_secret, load_tls, load_tls_ca_key, load_tls_client
 from ..errors import GmountError, NodeUnavailable, PeerUnavailable
 from . import rpc
-from .messages import Close, Closedir, Open, Opendir, Ping, PingReply, PutAbort, PutOpen, R, Request
+from .messages import REQUESTS, Close, Closedir, Open, Opendir, Ping, PingReply, PutAbort, PutClose, PutOpen, R, Request
 from .tls import ClusterCA, NodeCredentials, client_context, expiring
 
 __all__ = ["ClusterClient", "ask", "call", "client_ssl", "open_client", "ping_all", "run_sync"]
@@ -61,6 +70,32 @@ def _release_put(reply: Any) -> tuple[str, list[Any]]:
 LATE_REPLY_RELEASES: dict[str, rpc.Release] = {
     Open.op: _release_open, Opendir.op: _release_opendir, PutOpen.op: _release_put,
 }
+
+
+def _handle_of(op: str, reply: Any) -> int | None:
+    """The node's handle in a reply to `op` (None: `op` gives none, or this reply has none).
+
+    On the wire an `OpenReply` and an `OpendirReply` are arrays with the handle first, a `put_open` reply is
+    the handle itself (protocol/codec.py)."""
+    if op == PutOpen.op:
+        return reply if type(reply) is int else None
+    if op in (Open.op, Opendir.op) and isinstance(reply, list | tuple) and reply and type(reply[0]) is int:
+        return reply[0]
+    return None
+
+
+def _with_handle(op: str, reply: Any, handle: int) -> Any:
+    """`reply` (in its wire form) with the node's handle replaced by the client's."""
+    if op == PutOpen.op:
+        return handle
+    return [handle, *list(reply)[1:]]
+
+
+#: Requests whose first argument is a handle a node gave (read, write, close, readdir, put_close, ...).
+ON_HANDLE = frozenset(op for op, kind in REQUESTS.items() if list(vars(kind)["__dataclass_fields__"])[:1] == ["handle"])
+#: Of those, the ones that let go of it (nothing left to do when the node let go already), and all that end it.
+LETS_GO = frozenset({Close.op, Closedir.op, PutAbort.op})
+ENDS = LETS_GO | {PutClose.op}
 
 
 class ClusterClient:
@@ -99,6 +134,9 @@ class ClusterClient:
         self._addresses: dict[str, Address] = dict(addresses or {})
         self._connections: dict[str, rpc.RpcClient] = {}
         self._locks: dict[str, trio.Lock] = {}
+        # the client's handle -> (node, the connection that gave it, the node's number for it)
+        self._handles: dict[int, tuple[str, rpc.RpcClient, int]] = {}
+        self._last_handle = 0
 
     @property
     def secret(self) -> bytes:
@@ -133,11 +171,36 @@ class ClusterClient:
     async def call(self, node: str, op: str, *args: Any, timeout: float | None = None) -> Any:
         """Run `op` on `node`; its errors come back as OSError, an unreachable node as PeerUnavailable."""
         connection = await self.connection(node)
+        ours = args[0] if op in ON_HANDLE and args and type(args[0]) is int else None
+        if ours is not None:
+            found = self._handles.get(ours)
+            if found is None or found[0] != node:
+                if op in LETS_GO:
+                    return None
+                raise OSError(errno.EBADF, f"no open handle {ours} on node {node}")
+            if found[1] is not connection:  # the node let go of it with that connection
+                if op in ENDS:
+                    del self._handles[ours]
+                if op in LETS_GO:
+                    return None
+                raise OSError(errno.EIO, f"node {node} no longer holds this open file: the connection it was "
+                                         f"opened on closed (the connection broke, or the node was restarted); "
+                                         f"open it again")
+            args = (found[2], *args[1:])
         try:
-            return await connection.call(op, *args, timeout=timeout or self.rpc_timeout)
+            reply = await connection.call(op, *args, timeout=timeout or self.rpc_timeout)
         except PeerUnavailable as exc:
             self._failed(node, exc)
             raise self._translate(node, exc) from None
+        finally:
+            if ours is not None and op in ENDS:
+                self._handles.pop(ours, None)
+        theirs = _handle_of(op, reply)
+        if theirs is None:
+            return reply
+        self._last_handle += 1
+        self._handles[self._last_handle] = (node, connection, theirs)
+        return _with_handle(op, reply, self._last_handle)
 
     async def ask(self, node: str, request: Request[R], *, timeout: float | None = None) -> R:
         """`call` with a typed request (gmountpy.protocol.messages): the reply comes back checked and typed."""
