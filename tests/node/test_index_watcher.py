@@ -135,6 +135,23 @@ async def test_a_scan_older_than_an_unlink_and_a_create_makes_no_twin_nor_old_at
         assert [loc.node for loc in await n2.where(f"{directory}/elsewhere")] == ["n1"]
 
 
+@trio_test(frozen_clock=True)
+async def test_a_change_in_the_same_timestamp_tick_as_a_scan_is_seen_by_the_next_scan(tmp_path: Path) -> None:
+    """On file systems whose timestamps are coarse (a kernel tick, a second), a change right
+    after a scan's listing can leave the directory's mtime as the scan saw it: a directory
+    whose mtime is that recent is listed again at the next scan, not taken as unchanged."""
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        directory, watcher = await watched_directory(cluster)
+        on_disk = cluster["n3"].path(directory)
+        (on_disk / "first").write_bytes(b"1")
+        await watcher.scan()
+        seen = os.stat(on_disk)
+        (on_disk / "second").write_bytes(b"2")  # right after the listing, in the same tick:
+        os.utime(on_disk, ns=(seen.st_atime_ns, seen.st_mtime_ns))
+        await watcher.scan()
+        assert sorted(await listed(cluster["n2"].namespace, directory)) == ["first", "second"]
+
+
 # -- the home's side alone: a scan's report of a name removed through a mount lately ----------
 
 
