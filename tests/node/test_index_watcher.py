@@ -10,6 +10,7 @@ its report held at the home's door while the mount changes the directory, then l
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import stat
 from collections.abc import AsyncIterator
@@ -23,8 +24,9 @@ import trio
 from gmountpy.node.index import CLAIM_GRACE, DirectoryIndex, ExportWatcher, IndexLocator
 from gmountpy.node.index.entries import Removals
 from gmountpy.node.namespace import Namespace
+from gmountpy.protocol import messages as msg
 
-from .._trio import trio_test
+from .._trio import elapse, trio_test
 from .harness import Cluster, open_cluster
 from .test_index import DiskPeer, _attr, made_at
 
@@ -150,6 +152,29 @@ async def test_a_change_in_the_same_timestamp_tick_as_a_scan_is_seen_by_the_next
         os.utime(on_disk, ns=(seen.st_atime_ns, seen.st_mtime_ns))
         await watcher.scan()
         assert sorted(await listed(cluster["n2"].namespace, directory)) == ["first", "second"]
+
+
+@trio_test(frozen_clock=True)
+async def test_the_temporary_file_of_a_put_under_way_is_no_name_of_the_namespace(tmp_path: Path) -> None:
+    """A put (the API, fsspec) writes a hidden temporary file beside its target and renames it
+    into place at put_close. While it is being written, no listing nor lookup shows it -- not
+    the home's (fed by the scan), not a node's own listing of its export."""
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        directory, watcher = await watched_directory(cluster)
+        n1 = cluster["n1"]
+        handle = await n1.pool.ask("n3", msg.PutOpen(f"{directory}/put.bin", 0o644))
+        temporaries = [p.name for p in cluster["n3"].path(directory).iterdir()]
+        assert len(temporaries) == 1 and ".gmount-put-" in temporaries[0]  # on disk, being written
+        await watcher.scan()
+        assert await listed(cluster["n2"].namespace, directory) == {}
+        assert await n1.pool.ask("n3", msg.Listdir(directory)) == []
+        with pytest.raises(FileNotFoundError):
+            await cluster["n2"].namespace.lookup(f"{directory}/{temporaries[0]}")
+        await n1.pool.ask("n3", msg.Write(handle, 0, b"data"))
+        await n1.pool.ask("n3", msg.PutClose(handle, 4, hashlib.sha256(b"data").hexdigest()))
+        await watcher.scan()
+        await elapse(1.0)
+        assert await listed(cluster["n2"].namespace, directory) == {"put.bin": 4}
 
 
 # -- the home's side alone: a scan's report of a name removed through a mount lately ----------
