@@ -25,10 +25,11 @@ from gmountpy.node.index import CLAIM_GRACE, DirectoryIndex, ExportWatcher, Inde
 from gmountpy.node.index.entries import Removals
 from gmountpy.node.namespace import Namespace
 from gmountpy.protocol import messages as msg
+from gmountpy.protocol.attr import Attr
 
 from .._trio import elapse, trio_test
 from .harness import Cluster, open_cluster
-from .test_index import DiskPeer, _attr, made_at
+from .test_index import OnePeer, _attr, made_at
 
 
 @asynccontextmanager
@@ -180,6 +181,17 @@ async def test_the_temporary_file_of_a_put_under_way_is_no_name_of_the_namespace
 # -- the home's side alone: a scan's report of a name removed through a mount lately ----------
 
 
+class DiskPeer(OnePeer):
+    """OnePeer whose nodes also answer `lookup` of a name, from their listings (their disks)."""
+
+    async def call(self, node: str, op: str, *args: Any, timeout: float | None = None) -> Any:
+        if op != "lookup":
+            return await super().call(node, op, *args, timeout=timeout)
+        self.calls.append((node, op, args))
+        directory, _, name = str(args[0]).rpartition("/")
+        return next((row[1] for row in self.listings.get(node, {}).get(directory or "/", []) if row[0] == name), None)
+
+
 @trio_test(autojump=True)
 async def test_a_reported_name_removed_lately_is_taken_only_if_its_node_still_holds_it() -> None:
     """Within CLAIM_GRACE of an unlink through a mount, a scan reporting the name is checked with
@@ -193,7 +205,7 @@ async def test_a_reported_name_removed_lately_is_taken_only_if_its_node_still_ho
     await index.op_drop("/d", "b", None, "y")
     peer.listings["x"]["/d"] = [["b", _attr(size=7)]]  # b copied in again; a gone
     await index.op_sync("/d", "x", [["a", _attr(size=1)], ["b", _attr(size=1)], ["c", _attr(size=3)]])
-    assert [c[2][0] for c in peer.calls if c[1] == "lookup"] == ["/d/a", "/d/b"]  # not c: never removed
+    assert sorted(c[2][0] for c in peer.calls if c[1] == "lookup") == ["/d/a", "/d/b"]  # not c: never removed
     sizes = {row[0]: row[1][0][1].size for row in (await index.op_list("/d", None))["entries"]}
     assert sizes == {"b": 7, "c": 3}
     await index.op_drop("/d", "c", None, "y")
@@ -262,3 +274,19 @@ def test_removals_are_remembered_claim_grace_and_numbered() -> None:
     assert len(removals) == 1 and removals.number("/d", "a", 1.0 + CLAIM_GRACE) == 3
     removals.expire(2.0 + CLAIM_GRACE)
     assert len(removals) == 0 and removals.number("/d", "a", 2.0) is None
+
+
+@trio_test(autojump=True)
+async def test_a_rename_to_a_new_name_costs_no_check_and_the_next_scan_corrects_its_attributes() -> None:
+    """A rename to a name the home knew nothing under removes nothing: the scan's attributes fill
+    the renamed entry without a lookup. They may be those of a file the rename replaced that
+    was copied in outside the mount and listed before the rename: the next scan, which lists
+    the renamed file, corrects them (within CLAIM_GRACE too)."""
+    peer = DiskPeer({"h": {"/d": []}, "x": {"/d": [["a", _attr(size=1)]]}})
+    index = DirectoryIndex(peer, ["h", "x"], lease=10.0)
+    await index.op_list("/d", None)
+    await index.op_rename("/d", "b", "a", ["x"], False, "x")
+    await index.op_sync("/d", "x", [["a", None], ["b", _attr(size=9)]])  # listed before the rename
+    assert [c for c in peer.calls if c[1] == "lookup"] == []
+    await index.op_sync("/d", "x", [["b", _attr(size=1)]])
+    assert (await index.op_list("/d", None))["entries"] == [["b", [["x", Attr.from_wire(_attr(size=1)), None]], None]]

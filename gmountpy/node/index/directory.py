@@ -457,8 +457,10 @@ class DirectoryIndex(SubdirectoryHomes):
         the entry itself, and it holds that directory's lock until this returns (an
         invalidation there would wait for KERNEL_NOTIFY_WAIT: 0.5 s per rename)."""
         backing = self._serving_as_backup(directory)
+        current = self._dirs.get(directory)
+        if current is None or current.entries.get(name):  # an old file under `name` is gone
+            self._removed.record(directory, name, trio.current_time())
         self._change(directory, (name, None, None))
-        self._removed.record(directory, name, trio.current_time())  # an old file under `name` is gone
         await self._drop_home(directory, name)
         now = trio.current_time()
         for node in nodes:
@@ -533,7 +535,12 @@ class DirectoryIndex(SubdirectoryHomes):
             if before is not None and before.recent(now):
                 if before.attr is not None:
                     continue
-                holder = Holder(holder.is_dir, holder.attr, holder.replica_of, before.since)
+                # A claim's or a rename's attributes, first known now. After a rename they may be
+                # those of an old file it replaced that this home never knew of (copied in outside
+                # the mount, listed before the rename): not kept over the next scan, which lists
+                # what the rename put there -- unless the holder was asked just now (`since`).
+                since = before.since if not before.renamed or holder.since is not None else None
+                holder = Holder(holder.is_dir, holder.attr, holder.replica_of, since)
             # a rename's attributes, not known here till now: every listing handed out since asked the holder
             filled = before is not None and before.renamed and before.attr is None
             if name not in new_names and not filled and not same_but_atime(before, holder):
@@ -559,13 +566,14 @@ class DirectoryIndex(SubdirectoryHomes):
         """`seen`, a scan of `node`'s export, without what may predate a removal recorded here.
 
         The scan listed the directory before it was sent; an unlink or a rename through a mount
-        may have removed a name it lists (or put another file under it) and been recorded here
-        meanwhile: taken as it is, the scan would bring the old file back. So the names removed
-        through a mount within CLAIM_GRACE are asked of `node` now -- after that removal -- and
-        kept, with the attributes it answers, only if it holds them still (a file put there again
-        outside the mount) and no removal of them was recorded while it was asked. Costs one
-        lookup per such name, only for names removed lately. Also the names this node could
-        not ask (they are left out; the sender is told, and tells them again at its next scan).
+        may have removed a name it lists (or renamed another file over it) and been recorded
+        here meanwhile: taken as it is, the scan would bring the old file back. So the names
+        removed through a mount within CLAIM_GRACE are asked of `node` now -- after that
+        removal -- and kept, with the attributes it answers, only if it holds them still (a file
+        put there again outside the mount, a rename's new file) and no removal of them was
+        recorded while it was asked. Costs one lookup per such name, only for names removed
+        lately (a rename to a new name removes nothing). Also the names this node could not
+        ask (they are left out; the sender is told, and tells them again at its next scan).
         """
         now = trio.current_time()
         current = self._dirs.get(directory)
@@ -603,8 +611,8 @@ class DirectoryIndex(SubdirectoryHomes):
             again = self._removed.number(directory, name, now)
             if attr is None or (again is not None and again > asked_after):
                 del checked[name]  # gone, or removed again while asked (the answer may predate it)
-            else:
-                checked[name] = Holder(attr.is_dir, attr, seen[name].replica_of)
+            else:  # as new as a close's: no scan listed before it takes it over
+                checked[name] = Holder(attr.is_dir, attr, seen[name].replica_of, now)
         return checked, unchecked
 
     async def op_adopt(self, directory: str, node: str) -> None:
