@@ -89,15 +89,18 @@ class ExportWatcher:
         except OSError as exc:
             if exc.errno != errno.EFBIG:
                 raise
-            self._watch(directory, mtime, await list_whole(self._peers, self._peers.me, directory), home)
+            whole = await list_whole(self._peers, self._peers.me, directory)
+            self._watch(directory, mtime, time.time_ns(), whole, home)
             raise
-        self._watch(directory, mtime, request.decode(listing), home)
+        self._watch(directory, mtime, time.time_ns(), request.decode(listing), home)
         return listing
 
-    def _watch(self, directory: str, mtime: int | None, listing: list[DirEntry] | None, home: str | None) -> None:
-        """Watch `directory` from here on: its home was told `listing`, as of `mtime`."""
+    def _watch(self, directory: str, mtime: int | None, listed_at: int, listing: list[DirEntry] | None,
+               home: str | None) -> None:
+        """Watch `directory` from here on: its home was told `listing` (taken by `listed_at`, on the
+        wall clock), as of `mtime`."""
         self._seen[directory] = mtime
-        self._settle(directory, mtime)
+        self._settle(directory, mtime, listed_at)
         self._seen.move_to_end(directory)
         self._told[directory] = _told(listing or [])
         if home is not None:
@@ -106,10 +109,10 @@ class ExportWatcher:
             dropped, _ = self._seen.popitem(last=False)
             self._forget(dropped)
 
-    def _settle(self, directory: str, mtime: int | None) -> None:
-        """`directory` was just listed with `mtime` (read before the listing): trust that mtime
-        at the next scan only if it is older than SETTLE_NS (see SETTLE_NS)."""
-        if mtime is not None and time.time_ns() - mtime < SETTLE_NS:
+    def _settle(self, directory: str, mtime: int | None, listed_at: int) -> None:
+        """`directory` was listed by `listed_at` with `mtime` (read before the listing): trust that
+        mtime at the next scan only if it was older than SETTLE_NS then (see SETTLE_NS)."""
+        if mtime is not None and listed_at - mtime < SETTLE_NS:
             self._unsettled.add(directory)
         else:
             self._unsettled.discard(directory)
@@ -135,6 +138,7 @@ class ExportWatcher:
             home = self._asked_by.get(directory) or self.homes.home(directory)
             try:
                 listing = [] if mtime is None else await list_whole(self._peers, self._peers.me, directory)
+                listed_at = time.time_ns()
             except OSError as exc:
                 log.info("cannot list %s to tell its home of a change: %s", directory, exc)
                 continue
@@ -160,7 +164,7 @@ class ExportWatcher:
                 self._forget(directory)
             elif directory in self._seen:
                 self._seen[directory] = mtime
-                self._settle(directory, mtime)
+                self._settle(directory, mtime, listed_at)
                 self._told[directory] = listed
         return sent
 
