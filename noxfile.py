@@ -20,11 +20,14 @@ nox.options.reuse_existing_virtualenvs = True
 
 BASE_PACKAGES = ["fuse3", "libfuse3-dev", "pkg-config", "gcc", "python3-dev"]
 #: the tests run a real sshd and the WAN harness (namespaces, iptables-legacy, the NFQUEUE delay program)
-TEST_PACKAGES = ["openssh-server", "openssh-client", "iproute2", "iptables", "util-linux",
+TEST_PACKAGES = ["openssh-server", "openssh-client", "iproute2", "iptables", "util-linux", "rsync",
                  "libnetfilter-queue-dev", "libmnl-dev",
                  "glusterfs-server", "glusterfs-client",  # the WAN benchmarks' GlusterFS peer, tested too
-                 "bwa", "samtools", "bcftools"]  # the variant-calling workflow run through Snakemake (wgsim: samtools)
+                 "bwa", "samtools", "bcftools",  # the variant-calling workflow run through Snakemake (wgsim: samtools)
+                 "chromium"]  # `gmount report`'s page, looked at in a real (headless) browser
 PIPELINE_PACKAGES = ["make", "montage"]  # the reference pipelines: GNU make and the Montage executables
+#: an sshfs mount through a private sshd on 127.0.0.1, beside the mount in bench_core's local I/O rows
+SSHFS_PACKAGES = ["sshfs", "openssh-server", "openssh-client"]
 
 
 def _missing_debs(packages: list[str]) -> list[str]:
@@ -118,7 +121,7 @@ def demo(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks against direct disk access; JSON results in benchmarks/results/."""
-    ensure_system_packages(session, BASE_PACKAGES)
+    ensure_system_packages(session, BASE_PACKAGES + SSHFS_PACKAGES)  # bench_core's sshfs rows
     install_project(session, "[dask]")
     session.run("python", "benchmarks/bench_core.py", *session.posargs)
     session.run("python", "benchmarks/bench_lookup.py")  # messages/op: flood vs index vs central

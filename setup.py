@@ -33,6 +33,12 @@ C_TARGETS = [
     # make's SHELL under gmount.mk: asks the node daemon where a recipe goes and runs it there
     CTarget("gmountpy_make/gmount-job", ("plugins/gmountpy_make/gmount_job.c",),
             source_package="plugins/gmountpy_make"),
+    # LD_PRELOAD'ed into jobs: local files straight from the export (gmountpy/jobs/bypass.py)
+    CTarget("gmountpy/jobs/libgmount_preload.so", ("csrc/gmount_preload.c",), kind="shared",
+            cflags=("-fvisibility=hidden",), libraries=("dl", "pthread"), source_package="gmountpy/jobs"),
+    # loaded into the node daemon before pyfuse3: kernel FUSE passthrough (gmountpy/node/passthrough.py)
+    CTarget("gmountpy/node/libgmount_passthrough.so", ("csrc/gmount_passthrough.c",), kind="shared",
+            cflags=("-fvisibility=hidden",), libraries=("dl", "pthread"), source_package="gmountpy/node"),
 ]
 
 CFLAGS = ("-O2", "-Wall", "-Wextra", "-std=gnu11")

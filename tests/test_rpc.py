@@ -226,17 +226,6 @@ async def test_server_side_bugs_become_errors_not_dead_connections(caplog: pytes
     assert "wrong type" in caplog.text and "kaput" in caplog.text
 
 
-def test_check_arguments_refuses_a_wrong_count_as_a_bad_request() -> None:
-    def op(path: str, mode: int = 0o644) -> None: ...
-
-    rpc.check_arguments("op", op, ["/a"])
-    rpc.check_arguments("op", op, ["/a", 0o600])
-    for args in ([], ["/a", 1, 2]):
-        with pytest.raises(rpc.BadRequest, match="bad arguments to 'op'") as info:
-            rpc.check_arguments("op", op, args)
-        assert info.value.errno == errno.EINVAL
-
-
 # ---------------------------------------------------------------- authentication
 
 

@@ -135,3 +135,35 @@ def test_a_remove_through_the_api_is_seen_by_every_node_at_once(cluster4: LocalC
             assert not c.where(f"{directory}/f.txt", from_node=node)[0].holders, node
             assert c.ls(directory, from_node=node).entries == (), node
         assert c.remove(directory, from_node="n2") == ("n4",)
+
+
+def test_a_new_file_from_outside_the_mounts_lands_near_its_directory_s_data(cluster4: LocalCluster) -> None:
+    """Not on the asking node (n1 here): on the node holding the new name's directory -- of several, the
+    one holding the most bytes there -- or its nearest existing ancestor's; `on=` still decides."""
+    name = cluster4.spec.name
+    files = {("n3", "w-near/data/a.csv"): b"x" * 5000, ("n2", "w-near/shared/small.txt"): b"s",
+             ("n4", "w-near/shared/big.bin"): b"b" * 20_000}
+    for (node, rel), data in files.items():
+        (cluster4.export(node) / rel).parent.mkdir(parents=True, exist_ok=True)
+        (cluster4.export(node) / rel).write_bytes(data)
+    cluster4.rescan()
+    c = Cluster.open(name)
+    assert c.home == "n1"
+    assert c.write_bytes("/w-near/data/new.csv", b"new") == "n3"  # the only node holding the directory
+    assert holders(cluster4, "/w-near/data/new.csv") == ["n3"]
+    assert c.write_bytes("/w-near/data/deeper/still/out.bin", b"deep") == "n3"  # its nearest existing ancestor
+    assert holders(cluster4, "/w-near/data/deeper/still/out.bin") == ["n3"]
+    assert c.write_bytes("/w-near/shared/new.txt", b"z") == "n4"  # n2 is nearer, n4 holds more there
+    assert c.write_bytes("/w-near/data/pinned.txt", b"p", on="n2") == "n2"  # told otherwise
+    assert c.mkdir("/w-near/data/sub") == "n3" and (cluster4.export("n3") / "w-near/data/sub").is_dir()
+    local = Path(cluster4.base) / "put-near.txt"
+    local.write_bytes(b"put\n")
+    assert c.put(local, "/w-near/shared/put.txt") == "n4"
+    fs = GmountFileSystem(cluster=name)  # fsspec writes go through the same API
+    fs.pipe("/w-near/data/piped.txt", b"piped")
+    assert holders(cluster4, "/w-near/data/piped.txt") == ["n3"]
+    with fsspec.open(f"gmount://{name}/w-near/shared/opened.txt", "wb") as f:
+        f.write(b"opened")
+    assert holders(cluster4, "/w-near/shared/opened.txt") == ["n4"]
+    # a name below nothing but the namespace root: the asking node, as a create through its mount
+    assert c.write_bytes(f"/w-near-{os.getpid()}/alone.txt", b"a", from_node="n2") == "n2"

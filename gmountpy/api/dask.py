@@ -16,9 +16,10 @@ attach to it -- until `Cluster.dask_down()`, `gmount dask down` or
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .._sync import blocking
+from ..cluster.state import ClusterState
 from ..errors import GmountError
 from ..launch import dask as dask_launch
 from ..launch.dask import DaskState
@@ -26,9 +27,20 @@ from ..launch.dask import DaskState
 if TYPE_CHECKING:
     from distributed import Client
 
-    from .cluster import Cluster
+__all__ = ["PLUGIN_NAME", "DaskState", "client", "down", "placements", "running", "set_placement", "up"]
 
-__all__ = ["DaskState", "client", "down", "placements", "running", "set_placement", "up"]
+#: The name of the scheduler plugin that places tasks on their data (gmountpy.api.dask_placement).
+PLUGIN_NAME = "gmount-placement"
+
+
+class Cluster(Protocol):
+    """What the Dask integration needs of a `gmountpy.Cluster`: its name and running state."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def _state(self) -> ClusterState: ...
 
 
 def up(cluster: Cluster, *, threads: int | None = None, placement: bool = True,
@@ -60,7 +72,6 @@ def down(cluster: Cluster) -> dict[str, str]:
 
 def placements(connected: Client) -> dict[str, str]:
     """Task key (as a string) -> the node the scheduler placed it on, for tasks it still knows."""
-    from .dask_placement import PLUGIN_NAME
 
     def read(dask_scheduler: object) -> dict[str, str]:
         plugin = getattr(dask_scheduler, "plugins", {}).get(PLUGIN_NAME)
@@ -76,7 +87,6 @@ def set_placement(connected: Client, enabled: bool) -> None:
     Off, Dask places tasks by its own rules: what `gmount dask up --no-placement`
     starts with, and what benchmarks compare against with the same workers.
     """
-    from .dask_placement import PLUGIN_NAME
 
     def switch(dask_scheduler: object, enabled: bool) -> bool:
         plugin = getattr(dask_scheduler, "plugins", {}).get(PLUGIN_NAME)

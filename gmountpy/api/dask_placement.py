@@ -42,6 +42,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.stealing import WorkStealing
 
 from ..jobs.placement import choose_node
+from .dask import PLUGIN_NAME
 
 if TYPE_CHECKING:
     from distributed.scheduler import Scheduler, SchedulerState, TaskState, WorkerState
@@ -52,7 +53,6 @@ __all__ = ["PLUGIN_NAME", "LocalityStealing", "Placement", "input_paths"]
 
 log = logging.getLogger("gmountpy.dask")
 
-PLUGIN_NAME = "gmount-placement"
 URL_PREFIX = "gmount://"
 #: how deep into nested arguments a task spec is searched for gmount files
 MAX_DEPTH = 16

@@ -137,12 +137,13 @@ class Files:
 
     def mkdir(self, path: PathLike, *, on: str | Node | None = None, from_node: str | Node | None = None) -> str:
         ns_path, asking = self._paths.resolve(path, from_node)
-        target = self._view.node_name(on) if on is not None else asking
+        chosen = self._view.node_name(on) if on is not None else None
 
         async def main(client: ClusterClient) -> str:
             found = await self._requests.where(client, asking, ns_path)
             if found.nearest is not None:
                 raise FileExistsError(errno.EEXIST, f"{ns_path} exists (on node {found.nearest.node})")
+            target = chosen or await near_directory(self._requests, client, asking, ns_path)
             await client.ask(target, msg.Mkdir(ns_path, 0o755))  # (with its parents) in `target`'s export
             await client.ask(target, msg.Rescan())  # its homes hear of it now, not at the next scan
             return target
@@ -244,7 +245,7 @@ class PutPlan:
 async def plan_put(requests: Requests, client: ClusterClient, asking: str, ns_path: str,
                    chosen: str | None) -> PutPlan:
     """Node `chosen` if given; else the node holding the original now (it is replaced there, as a
-    write through the mount would); else `asking`, as a create through its mount would."""
+    write through the mount would); else the node near its directory's data (`near_directory`)."""
     found = await requests.where(client, asking, ns_path)
     if found.nearest is not None and found.nearest.is_dir:
         raise IsADirectoryError(errno.EISDIR, f"{ns_path} is a directory (on node {found.nearest.node})")
@@ -255,7 +256,35 @@ async def plan_put(requests: Requests, client: ClusterClient, asking: str, ns_pa
         if parent is not None and not parent.is_dir:
             raise NotADirectoryError(errno.ENOTDIR, f"{posixpath.dirname(ns_path)} is a file (on node {parent.node})")
         new_parent = parent is None
-    return PutPlan(ns_path, chosen or (originals[0] if originals else asking), found, new_parent)
+    target = chosen or (originals[0] if originals else await near_directory(requests, client, asking, ns_path))
+    return PutPlan(ns_path, target, found, new_parent)
+
+
+async def near_directory(requests: Requests, client: ClusterClient, asking: str, ns_path: str) -> str:
+    """The node for a new name written from outside the mounts: near the data of its directory.
+
+    The node whose export holds the name's directory -- of several, the one holding the most
+    bytes of files directly in it, then the nearest to `asking`; a directory no node has yet:
+    the same for its parent, and so on up. Below the namespace root nothing is held (or only
+    the root is): `asking`, as a create through its mount would.
+    """
+    directory = posixpath.dirname(ns_path)
+    while directory != "/":
+        found = await requests.where(client, asking, directory)
+        holders = [h.node for h in found.holders if h.is_dir and h.replica_of is None]  # nearest first
+        if len(holders) == 1:
+            return holders[0]
+        if holders:
+            held = dict.fromkeys(holders, 0)
+            for entry in (await requests.listing(client, asking, directory)).entries:
+                if entry.kind == "file":
+                    for node in entry.holders:
+                        if node in held:
+                            held[node] += entry.size
+            most = max(held.values())
+            return next(node for node in holders if held[node] == most)
+        directory = posixpath.dirname(directory)
+    return asking
 
 
 async def put_open(client: ClusterClient, plan: PutPlan, mode: int) -> int:

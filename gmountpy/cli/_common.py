@@ -6,7 +6,7 @@ import string
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
@@ -15,6 +15,16 @@ from ..cluster.config import ClusterSpec, load_spec
 
 console = Console()
 err_console = Console(stderr=True)
+
+
+def print_whole(renderable: RenderableType) -> None:
+    """Print tables to stdout: to a terminal within its width (columns set to fold wrap there);
+    to a file or pipe as wide as the widest row, so that scripts get every path whole."""
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    width = max(console.measure(renderable, options=console.options.update(width=1_000_000)).maximum, 20)
+    Console(width=width, color_system=None).print(renderable)
 
 
 def spec_from(path: str) -> ClusterSpec:

@@ -78,10 +78,11 @@ def local_argv(command: str) -> list[str]:
     return ["/bin/sh", "-c", command]
 
 
-def remote_script(command: str, cwd: str, env: Mapping[str, str]) -> str:
-    """The shell text run on the node: the command in its own session, stopped when stdin ends."""
+def remote_script(command: str, cwd: str, env: Mapping[str, str], prelude: str = "") -> str:
+    """The shell text run on the node: the command in its own session, stopped when stdin ends.
+    `prelude` (shell text ending in `; `) runs first in the job's shell (bypass.remote_prelude)."""
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    job = f"cd {shlex.quote(cwd)} && {exports} exec /bin/sh -c {shlex.quote(command)}"
+    job = f"cd {shlex.quote(cwd)} && {prelude}{exports} exec /bin/sh -c {shlex.quote(command)}"
     # A background job's stdin is /dev/null unless redirected, so the watcher reads fd 3, a copy of
     # the real stdin; `kill -SIG -PID` (no `--`: dash refuses it) signals the job's whole session.
     return (f"exec 3<&0; setsid /bin/sh -c {shlex.quote(job)} </dev/null 3<&- & pid=$!; "
@@ -90,7 +91,8 @@ def remote_script(command: str, cwd: str, env: Mapping[str, str]) -> str:
             "wait $pid; status=$?; kill $watcher 2>/dev/null; exit $status")
 
 
-def ssh_argv(node: NodeSpec, options: SshOptions, command: str, cwd: str, env: Mapping[str, str]) -> list[str]:
+def ssh_argv(node: NodeSpec, options: SshOptions, command: str, cwd: str, env: Mapping[str, str],
+             prelude: str = "") -> list[str]:
     """OpenSSH client arguments reaching `node` as the launcher does (same keys, known_hosts, config)."""
     if node.host is None:
         raise ValueError(f"node {node.name!r} has no host to reach over SSH")
@@ -111,7 +113,7 @@ def ssh_argv(node: NodeSpec, options: SshOptions, command: str, cwd: str, env: M
         argv += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
     elif options.known_hosts is not None:
         argv += ["-o", f"UserKnownHostsFile={options.known_hosts}"]
-    script = remote_script(command, cwd, env)
+    script = remote_script(command, cwd, env, prelude)
     return [*argv, "--", node.host, f"exec /bin/sh -c {shlex.quote(script)}"]
 
 

@@ -171,7 +171,7 @@ def _restart_crashed_nodes(existing: ClusterState, spec: ClusterSpec,
     records = {n: started.nodes[n] if n in started.nodes else alive[n] for n in spec.nodes}
     state = ClusterState(spec, records, existing.started)
     state_store.save(state, secret)
-    table: dict[str, list[Any]] = {n: [r.host, r.port] for n, r in records.items()}
+    table = {n: (r.host, r.port) for n, r in records.items()}
 
     async def tell_everyone() -> None:
         async with open_nursery() as nursery:

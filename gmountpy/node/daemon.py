@@ -43,6 +43,8 @@ from ..errors import GmountError
 from ..protocol import rpc
 from ..protocol.tls import NodeCredentials, certificate_problem, client_context, server_context
 from . import readahead
+from .bypass import BypassServer
+from .bypass import socket_path as bypass_socket_path
 from .control import NodeControl
 from .directories import MountpointSeal, directory_problems
 from .export import Export
@@ -51,6 +53,7 @@ from .index import DirectoryIndex, ExportWatcher, Homes, IndexLocator
 from .jobs import JobPlacer, serve_jobs
 from .locator import FloodLocator, Locator
 from .namespace import Namespace
+from .passthrough import Passthrough
 from .peers import PeerAddress, PeerPool
 from .replicas import ReplicaTable
 from .service import NodeService
@@ -201,6 +204,10 @@ class NodeDaemon:
             service.on_created = namespace.created_by_put
             ops = GmountOperations(namespace, tuning.attr_ttl, tuning.negative_ttl, service.counters)
             control.mount = ops
+            if tuning.passthrough:
+                ops.passthrough = Passthrough.arm()
+            if tuning.bypass:
+                control.bypass = await self._serve_bypass(nursery, namespace, service, ops)
 
             listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
 
@@ -260,6 +267,20 @@ class NodeDaemon:
                     log.info("node %s unmounted %s", self.me, self.node.mountpoint)
                 nursery.cancel_scope.cancel()
             await pool.aclose()
+
+
+    async def _serve_bypass(self, nursery: trio.Nursery, namespace: Namespace, service: NodeService,
+                            ops: GmountOperations) -> BypassServer | None:
+        """Jobs' preload library asks this node which files it may use from the export (bypass.py)."""
+        try:
+            server = BypassServer(namespace, service, bypass_socket_path(self.spec.name, self.me),
+                                  any_user=self.spec.allow_other, on_changed=ops.changed_outside)
+            await nursery.start(server.serve)
+        except OSError as exc:
+            log.warning("node %s: the local bypass for jobs is off (they use the mount): %s", self.me, exc)
+            return None
+        ops.bypass_xattr = server.xattr_value
+        return server
 
 
 class _FuseReaderNudge:

@@ -191,6 +191,12 @@ class Export:
     def __init__(self, root: str) -> None:
         self.root = os.path.realpath(root)
         self._root_fd = os.open(self.root, _WALK_FLAGS & ~os.O_NOFOLLOW)
+        #: The device of the export's own file system: its files' `Attr.dev` is 0 (see Attr).
+        self.dev = os.fstat(self._root_fd).st_dev
+
+    def attr(self, st: os.stat_result) -> Attr:
+        """The attributes of a stat of one of this export's files (or of an open descriptor of one)."""
+        return Attr.from_stat(st, self.dev)
 
     def close(self) -> None:
         os.close(self._root_fd)
@@ -247,9 +253,9 @@ class Export:
     def lstat(self, path: str) -> Attr:
         parts = split_path(path)
         if not parts:
-            return Attr.from_stat(os.stat(self._root_fd))
+            return self.attr(os.stat(self._root_fd))
         with self._dir(parts[:-1]) as fd:
-            return Attr.from_stat(os.stat(parts[-1], dir_fd=fd, follow_symlinks=False))
+            return self.attr(os.stat(parts[-1], dir_fd=fd, follow_symlinks=False))
 
     def listdir(self, path: str) -> list[tuple[str, Attr]]:
         """Entries of a directory with their attributes (one pass, for readdirplus)."""
@@ -260,7 +266,7 @@ class Export:
             with os.scandir(fd) as it:
                 for entry in it:
                     try:
-                        entries.append((entry.name, Attr.from_stat(entry.stat(follow_symlinks=False))))
+                        entries.append((entry.name, self.attr(entry.stat(follow_symlinks=False))))
                     except FileNotFoundError:  # removed while listing
                         continue
             return entries
@@ -294,14 +300,33 @@ class Export:
     def mkdir(self, path: str, mode: int, parents: bool = True) -> Attr:
         with self._parent(path, create=parents) as (fd, name):
             os.mkdir(name, mode, dir_fd=fd)
-            return Attr.from_stat(os.stat(name, dir_fd=fd, follow_symlinks=False))
+            return self.attr(os.stat(name, dir_fd=fd, follow_symlinks=False))
+
+    def make_directory_like(self, path: str, mode: int, uid: int, gid: int) -> Attr:
+        """A copy of a directory another node has, with its exact mode (umask, sticky and set-gid
+        bits included) and, where this daemon may give it away, its owner: the kernel checks the
+        permissions of the union's directory against the copy a node shows. Its parent must exist;
+        a copy made meanwhile by another request is kept as it is."""
+        with self._parent(path) as (fd, name):
+            try:
+                os.mkdir(name, 0o700, dir_fd=fd)
+            except FileExistsError:
+                return self.attr(os.stat(name, dir_fd=fd, follow_symlinks=False))
+            current = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if (current.st_uid, current.st_gid) != (uid, gid):
+                try:
+                    os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
+                except PermissionError:
+                    pass  # a daemon that is not root keeps its own files: as its other creates
+            os.chmod(name, stat.S_IMODE(mode), dir_fd=fd, follow_symlinks=False)  # after chown, which clears set-gid
+            return self.attr(os.stat(name, dir_fd=fd, follow_symlinks=False))
 
     def symlink(self, target: str, path: str) -> Attr:
         if "\0" in target:
             raise OSError(errno.EINVAL, "symlink target contains a NUL byte")
         with self._parent(path, create=True) as (fd, name):
             os.symlink(target, name, dir_fd=fd)
-            return Attr.from_stat(os.stat(name, dir_fd=fd, follow_symlinks=False))
+            return self.attr(os.stat(name, dir_fd=fd, follow_symlinks=False))
 
     def mknod(self, path: str, mode: int, rdev: int) -> Attr:
         """A FIFO, socket or device node (as the export's file system allows for this user)."""
@@ -309,7 +334,7 @@ class Export:
             raise OSError(errno.EINVAL, f"mknod of {path}: unsupported file type {stat.S_IFMT(mode):o}")
         with self._parent(path, create=True) as (fd, name):
             os.mknod(name, mode, rdev, dir_fd=fd)
-            return Attr.from_stat(os.stat(name, dir_fd=fd, follow_symlinks=False))
+            return self.attr(os.stat(name, dir_fd=fd, follow_symlinks=False))
 
     def link(self, src: str, dst: str) -> Attr:
         """link(2) inside this export: a second name for the same file; the new name's attributes."""
@@ -317,13 +342,13 @@ class Export:
             os.stat(src_name, dir_fd=src_fd, follow_symlinks=False)  # fail before making dst's parents
             with self._parent(dst, create=True) as (dst_fd, dst_name):
                 os.link(src_name, dst_name, src_dir_fd=src_fd, dst_dir_fd=dst_fd, follow_symlinks=False)
-                return Attr.from_stat(os.stat(dst_name, dir_fd=dst_fd, follow_symlinks=False))
+                return self.attr(os.stat(dst_name, dir_fd=dst_fd, follow_symlinks=False))
 
     def chown(self, path: str, uid: int, gid: int) -> Attr:
         """lchown(2): -1 keeps that id; the export's file system decides who may (EPERM otherwise)."""
         with self._parent(path) as (fd, name):
             os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
-            return Attr.from_stat(os.stat(name, dir_fd=fd, follow_symlinks=False))
+            return self.attr(os.stat(name, dir_fd=fd, follow_symlinks=False))
 
     def unlink(self, path: str) -> None:
         with self._parent(path) as (fd, name):
@@ -363,13 +388,13 @@ class Export:
                 os.chmod(name, mode, dir_fd=fd, follow_symlinks=False)
             except (NotImplementedError, ValueError):
                 raise OSError(errno.EOPNOTSUPP, "cannot change the mode of a symlink") from None
-            return Attr.from_stat(os.stat(name, dir_fd=fd, follow_symlinks=False))
+            return self.attr(os.stat(name, dir_fd=fd, follow_symlinks=False))
 
     def truncate(self, path: str, size: int) -> Attr:
         fd = self.open(path, os.O_WRONLY)
         try:
             os.ftruncate(fd, size)
-            return Attr.from_stat(os.fstat(fd))
+            return self.attr(os.fstat(fd))
         finally:
             os.close(fd)
 
@@ -380,7 +405,7 @@ class Export:
             times = (current.st_atime_ns if atime_ns is None else atime_ns,
                      current.st_mtime_ns if mtime_ns is None else mtime_ns)
             os.utime(name, ns=times, dir_fd=fd, follow_symlinks=False)
-            return Attr.from_stat(os.stat(name, dir_fd=fd, follow_symlinks=False))
+            return self.attr(os.stat(name, dir_fd=fd, follow_symlinks=False))
 
     # -- extended attributes (user namespace of the holder's file) ----------
 

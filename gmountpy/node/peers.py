@@ -28,6 +28,7 @@ import trio
 from ..errors import PeerUnavailable
 from ..protocol import rpc
 from ..protocol.client import ClusterClient
+from ..protocol.messages import R, Request
 from .service import NodeService
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,13 @@ class PeerPool(ClusterClient):
             return await self._service.dispatch(self._local_session, op, list(args))
         self._service.counters.messages[op] += 1
         return await super().call(node, op, *args, timeout=timeout)
+
+    async def ask(self, node: str, request: Request[R], *, timeout: float | None = None) -> R:
+        """`call` with a typed request; to this node itself, the handler's typed reply as it is
+        (no wire form either way)."""
+        if node == self.me:
+            return await self._service.serve(self._local_session, request)
+        return await super().ask(node, request, timeout=timeout)
 
     def _check(self, node: str) -> None:
         self.address(node)  # an unknown node is refused before any down mark

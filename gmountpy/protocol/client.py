@@ -43,23 +43,17 @@ T = TypeVar("T")
 Address = tuple[str, int]
 
 
-def _first_int(reply: Any) -> int:
-    """The handle at the head of an `open` or `opendir` reply (the rest is not needed to let go of it)."""
-    if isinstance(reply, (list, tuple)) and reply and type(reply[0]) is int:
-        return reply[0]
-    raise ValueError(f"no handle in {reply!r}")
-
-
 def _release_open(reply: Any) -> tuple[str, list[Any]]:
-    return Close.op, Close(_first_int(reply)).args()
+    return Close.op, Close(Open("/", 0).reply_codec().decode(reply).handle).to_wire()
 
 
 def _release_opendir(reply: Any) -> tuple[str, list[Any]] | None:
-    return None if reply is None else (Closedir.op, Closedir(_first_int(reply)).args())
+    opened = Opendir("/").reply_codec().decode(reply)
+    return None if opened is None else (Closedir.op, Closedir(opened.handle).to_wire())
 
 
 def _release_put(reply: Any) -> tuple[str, list[Any]]:
-    return PutAbort.op, PutAbort(PutOpen("/", 0).decode(reply)).args()
+    return PutAbort.op, PutAbort(PutOpen("/", 0).reply_codec().decode(reply)).to_wire()
 
 
 #: Requests that leave a handle on the node, and the request that lets go of it when their
@@ -147,7 +141,7 @@ class ClusterClient:
 
     async def ask(self, node: str, request: Request[R], *, timeout: float | None = None) -> R:
         """`call` with a typed request (gmountpy.protocol.messages): the reply comes back checked and typed."""
-        return request.decode(await self.call(node, request.op, *request.args(), timeout=timeout))
+        return request.decode(await self.call(node, request.op, *request.to_wire(), timeout=timeout))
 
     async def connection(self, node: str) -> rpc.RpcClient:
         """The open connection to `node`, made now if there is none (one connect at a time per node)."""
@@ -273,7 +267,7 @@ async def call(state: ClusterState, node: str, op: str, *args: Any, timeout: flo
 async def ask(state: ClusterState, node: str, request: Request[R], *, timeout: float = 10.0,
               secret: bytes | None = None) -> R:
     """`call` with a typed request (gmountpy.protocol.messages): the reply comes back checked and typed."""
-    return request.decode(await call(state, node, request.op, *request.args(), timeout=timeout, secret=secret))
+    return request.decode(await call(state, node, request.op, *request.to_wire(), timeout=timeout, secret=secret))
 
 
 async def ping_all(state: ClusterState, timeout: float = 3.0) -> dict[str, PingReply | str]:

@@ -32,16 +32,14 @@ request that made the peer open something (`releases`), undone.
 from __future__ import annotations
 
 import errno
-import functools
 import hashlib
 import hmac
-import inspect
 import logging
 import os
 import random
 import ssl
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,29 +98,11 @@ async def _receive_message(stream: trio.abc.Stream, decoder: wire.FrameDecoder) 
 
 
 class BadRequest(OSError):
-    """The peer's request is malformed (wrong arguments): refused with EINVAL, not a bug of this node."""
+    """The peer's request is malformed (arguments that do not fit its message type): refused with
+    EINVAL, not a bug of this node."""
 
     def __init__(self, message: str) -> None:
         super().__init__(errno.EINVAL, message)
-
-
-@functools.lru_cache(maxsize=1024)
-def _signature(function: Callable[..., Any]) -> inspect.Signature | None:
-    try:
-        return inspect.signature(function)
-    except (TypeError, ValueError):  # some builtins have none: nothing to check
-        return None
-
-
-def check_arguments(op: str, function: Callable[..., Any], args: Sequence[Any]) -> None:
-    """BadRequest unless `function` takes `args` (a peer sent too many, too few, or unknown ones)."""
-    signature = _signature(function)
-    if signature is None:
-        return
-    try:
-        signature.bind(*args)
-    except TypeError as exc:
-        raise BadRequest(f"bad arguments to {op!r}: {exc}") from None
 
 
 class RequestTimedOut(PeerUnavailable):

@@ -40,7 +40,10 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 #: 2: the server's hello names nothing before the client proved the secret (see rpc).
-VERSION = 2
+#: 3: attributes carry the holder's device and inode number (`Attr.dev`, `Attr.ino`).
+#: 4: arguments and replies in the forms derived from the message types (gmountpy.protocol.codec):
+#: replies that were maps are arrays, a carried request is one [op, arguments] item.
+VERSION = 4
 HEADER = struct.Struct(">BI")
 #: A read reply carries at most a few MiB; anything larger is a bug or an attack.
 MAX_FRAME = 16 * 1024 * 1024

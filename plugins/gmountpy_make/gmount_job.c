@@ -46,6 +46,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gmount_registry.h"
+
 extern char **environ;
 
 #define MAGIC "gmount-jobs/1"
@@ -581,6 +583,7 @@ static int run_here(char **args, const char *target, const placement *where) {
         return 127;
     }
     child_group = child;
+    gmount_register_job(where->cluster, where->node, target, child, "make", where->cwd);  /* for `gmount top` */
     sigprocmask(SIG_SETMASK, &saved, NULL);  /* one that came meanwhile is forwarded now */
     int status = 0;
     while (waitpid(child, &status, 0) < 0) {

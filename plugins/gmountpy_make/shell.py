@@ -45,7 +45,8 @@ import os
 import sys
 import time
 
-from gmountpy.cluster import mounts
+from gmountpy.cluster import mounts, registry
+from gmountpy.jobs import bypass
 
 TYPE_CHECKING = False  # typing is not imported at run time: it costs more than a small recipe
 if TYPE_CHECKING:
@@ -148,6 +149,7 @@ def run_local(cluster: mounts.MountedCluster, node: str, ns_dir: str, command: l
     workdir = cluster.path_on(node, ns_dir)
     env = {k: v for k, v in os.environ.items() if k not in PRIVATE_VARIABLES}
     env.update(GMOUNT_NODE=node, GMOUNT_SITE=cluster.nodes[node].site, GMOUNT_CLUSTER=cluster.name, PWD=workdir)
+    env.update(bypass.job_environment(env))  # the node's own files straight from its export
     child = 0
     received: list[int] = []
     original = {sig: signal.getsignal(sig) for sig in FORWARDED}
@@ -179,6 +181,7 @@ def run_local(cluster: mounts.MountedCluster, node: str, ns_dir: str, command: l
         print(f"gmount-sh: cannot run the recipe of {target} on node {node} in {workdir}: {exc.strerror or exc}",
               file=sys.stderr)
         return 127, True
+    registry.register(cluster.name, node, target, child, kind="make", directory=ns_dir)  # for `gmount top`
     if received:  # came while starting it
         forward(received[-1], None)
     _, status = os.waitpid(child, 0)

@@ -61,6 +61,7 @@ from gmountpy import GmountError
 from gmountpy.api import Cluster, Spawned
 from gmountpy.cluster import jobsocket, mounts
 from gmountpy.jobs.placement import JobPlacement, place_job
+from gmountpy.jobs.runlog import with_run_summary
 
 #: How often running jobs are polled: they are local processes (or local ssh clients), so a poll is a
 #: waitpid per job; a job's end is seen this soon.
@@ -204,7 +205,8 @@ class Executor(RemoteExecutor):
             command = command.replace(self.head_mount + "/", target_mount + "/")
         with open(self._on_disk(base + ".out"), "wb") as out, open(self._on_disk(base + ".err"), "wb") as err:
             try:
-                spawned = self.cluster.spawn(command, on=node, cwd=self.directory, env=env, stdout=out, stderr=err)
+                spawned = self.cluster.spawn(command, on=node, cwd=self.directory, env=env, stdout=out, stderr=err,
+                                             job=f"{job.name} #{job.jobid}", kind="snakemake")
             except (GmountError, OSError) as exc:
                 raise WorkflowError(f"gmount executor: cannot start job {job.name} on node {node}: {exc}") from None
         via = "shell" if direct is not None else "snakemake"
@@ -246,6 +248,8 @@ class Executor(RemoteExecutor):
                     f"gmount: job {job_info.job.name} ({job_info.job.jobid}) failed on node {running.node}: {why}. "
                     f"Its stderr there:\n{said}\n(whole log: {running.stderr})\n"), aux_logs=[running.stderr])
 
+    shutdown = with_run_summary(RemoteExecutor.shutdown)  # the run's summary line at its end
+
     def cancel_jobs(self, active_jobs: list[SubmittedJobInfo]) -> None:
         """Stop every running job (SIGTERM to its process group, SIGKILL after the grace time)."""
         jobs: list[tuple[SubmittedJobInfo, _Running]] = [(j, j.aux["gmount"]) for j in active_jobs
@@ -274,7 +278,7 @@ class Executor(RemoteExecutor):
             "reason": running.reason, "inputs": running.inputs, "input_bytes_local": running.local_bytes,
             "input_bytes_remote": running.remote_bytes,
             "seconds": round(time.monotonic() - running.spawned.started, 3), "exit": status,
-            "via": running.via, "placed_by": running.placed_by,
+            "via": running.via, "placed_by": running.placed_by, "time": round(time.time(), 3),
         }
         if running.because:
             record["snakemake_because"] = running.because

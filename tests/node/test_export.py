@@ -170,7 +170,9 @@ def test_lstat(export: Export, root: Path) -> None:
     (root / "f").write_bytes(b"12345")
     attr = export.lstat("/f")
     st_ = os.lstat(root / "f")
-    assert attr == Attr.from_stat(st_)
+    assert attr == Attr.from_stat(st_, os.stat(root).st_dev)
+    assert (attr.dev, attr.ino) == (0, st_.st_ino)  # 0: the export's own file system
+    assert Attr.from_stat(st_).dev == st_.st_dev  # another file system's files keep their device
     assert attr.is_file and not attr.is_dir and attr.size == 5
     assert export.lstat("/").is_dir
     raises_errno(errno.ENOENT, export.lstat, "/missing")
@@ -194,7 +196,7 @@ def test_listdir_returns_attributes_without_following_symlinks(export: Export, r
     entries = dict(export.listdir("/d"))
     assert set(entries) == {"f", "sub", "out"}
     for name, attr in entries.items():
-        assert attr == Attr.from_stat(os.lstat(root / "d" / name)), name
+        assert attr == Attr.from_stat(os.lstat(root / "d" / name), os.stat(root).st_dev), name
     assert stat.S_ISLNK(entries["out"].mode)
     assert entries["sub"].is_dir and entries["f"].size == 3
     assert {name for name, _ in export.listdir("/")} == {"d"}

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from gmountpy.node.index import DirectoryIndex, IndexLocator
+from gmountpy.protocol import messages as msg
 
 from .._trio import elapse, trio_test
 from .harness import Cluster, open_cluster
@@ -39,16 +40,21 @@ async def test_a_home_forgets_the_misses_it_leased_once_the_leases_end(tmp_path:
         cluster["n3"].put(f"{directory}/there", b"x")
         cluster["n1"].mkdir(directory)
         home = index_of(cluster, "n2")
-        lookup = home.operations()["index_lookup"]
-        assert (await lookup(directory, "there", "n1"))["holders"]  # built: every node listed once
+        serve = home.operations()[msg.IndexLookup]
+
+        async def lookup(directory: str, name: str, asker: str) -> msg.IndexLookupReply:
+            reply: msg.IndexLookupReply = await serve(msg.IndexLookup(directory, name, asker))
+            return reply
+
+        assert (await lookup(directory, "there", "n1")).holders  # built: every node listed once
         tracemalloc.start()
         try:
             before = tracemalloc.get_traced_memory()[0]
             for i in range(MISSES):  # as n1's make would ask, name after name
-                assert (await lookup(directory, f"probe{i}.c", "n1"))["lease"] > 0
+                assert (await lookup(directory, f"probe{i}.c", "n1")).lease > 0
             held = tracemalloc.get_traced_memory()[0] - before
             await elapse(LEASE + 1)
-            assert (await lookup(directory, "there", "n1"))["holders"]  # the next request finds them ended
+            assert (await lookup(directory, "there", "n1")).holders  # the next request finds them ended
             left = tracemalloc.get_traced_memory()[0] - before
         finally:
             tracemalloc.stop()
@@ -149,5 +155,5 @@ async def test_a_subdirectory_removed_after_its_parents_index_went_loses_its_hom
             await n1.lookup(f"{other}/none")
         assert home.statistics().evictions >= 1
         os.rmdir(cluster["n3"].path(f"{parent}/sub"))
-        await home.operations()["index_drop"](parent, "sub", ["n3"], "n3")  # as n3's rmdir records it
+        await home.operations()[msg.IndexDrop](msg.IndexDrop(parent, "sub", ["n3"], "n3"))  # as n3's rmdir records it
         assert f"{parent}/sub" not in locator._homes  # revoked: a new `sub` may be homed elsewhere

@@ -29,7 +29,7 @@ from gmountpy.protocol.attr import Attr
 
 from .._trio import elapse, trio_test
 from .harness import Cluster, open_cluster
-from .test_index import OnePeer, _attr, made_at
+from .test_index import OnePeer, _attr, made_at, sync
 
 
 @asynccontextmanager
@@ -200,20 +200,20 @@ async def test_a_reported_name_removed_lately_is_taken_only_if_its_node_still_ho
     are taken as they come."""
     peer = DiskPeer({"h": {"/d": []}, "x": {"/d": [["a", _attr(size=1)], ["b", _attr(size=1)]]}})
     index = DirectoryIndex(peer, ["h", "x"], lease=10.0)
-    assert sorted(row[0] for row in (await index.op_list("/d", None))["entries"]) == ["a", "b"]
-    await index.op_drop("/d", "a", None, "y")
-    await index.op_drop("/d", "b", None, "y")
+    assert sorted(row.name for row in (await index.op_list(msg.IndexList("/d", None))).entries) == ["a", "b"]
+    await index.op_drop(msg.IndexDrop("/d", "a", None, "y"))
+    await index.op_drop(msg.IndexDrop("/d", "b", None, "y"))
     peer.listings["x"]["/d"] = [["b", _attr(size=7)]]  # b copied in again; a gone
-    await index.op_sync("/d", "x", [["a", _attr(size=1)], ["b", _attr(size=1)], ["c", _attr(size=3)]])
+    await sync(index, "/d", "x", [["a", _attr(size=1)], ["b", _attr(size=1)], ["c", _attr(size=3)]])
     assert sorted(c[2][0] for c in peer.calls if c[1] == "lookup") == ["/d/a", "/d/b"]  # not c: never removed
-    sizes = {row[0]: row[1][0][1].size for row in (await index.op_list("/d", None))["entries"]}
+    sizes = {row.name: row.holders[0].attr.size for row in (await index.op_list(msg.IndexList("/d", None))).entries}
     assert sizes == {"b": 7, "c": 3}
-    await index.op_drop("/d", "c", None, "y")
+    await index.op_drop(msg.IndexDrop("/d", "c", None, "y"))
     await trio.sleep(CLAIM_GRACE)
     before = len(peer.calls)
-    await index.op_sync("/d", "x", [["c", _attr(size=4)]])  # a report so late is no older than the unlink
+    await sync(index, "/d", "x", [["c", _attr(size=4)]])  # a report so late is no older than the unlink
     assert [c for c in peer.calls[before:] if c[1] == "lookup"] == []
-    assert "c" in {row[0] for row in (await index.op_list("/d", None))["entries"]}
+    assert "c" in {row.name for row in (await index.op_list(msg.IndexList("/d", None))).entries}
 
 
 class HeldLookups(DiskPeer):
@@ -239,15 +239,15 @@ async def test_a_name_removed_again_while_it_is_checked_is_left_out() -> None:
     question was on its way: the answer may predate that unlink, so the name is left out."""
     peer = HeldLookups({"h": {"/d": []}, "x": {"/d": [["a", _attr()]]}})
     index = DirectoryIndex(peer, ["h", "x"], lease=10.0)
-    await index.op_list("/d", None)
-    await index.op_drop("/d", "a", None, "y")
+    await index.op_list(msg.IndexList("/d", None))
+    await index.op_drop(msg.IndexDrop("/d", "a", None, "y"))
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(index.op_sync, "/d", "x", [["a", _attr()]])
+        nursery.start_soon(sync, index, "/d", "x", [["a", _attr()]])
         await peer.asked.wait()
-        await index.op_claim("/d", "a", "x", False, True)  # made again through a mount, then
-        await index.op_drop("/d", "a", None, "y")  # removed again
+        await index.op_claim(msg.IndexClaim("/d", "a", "x", False, True))  # made again through a mount, then
+        await index.op_drop(msg.IndexDrop("/d", "a", None, "y"))  # removed again
         peer.go.set()
-    assert (await index.op_list("/d", None))["entries"] == []
+    assert (await index.op_list(msg.IndexList("/d", None))).entries == ()
 
 
 @trio_test(autojump=True)
@@ -256,12 +256,13 @@ async def test_a_report_whose_check_failed_is_refused_so_the_scan_tells_it_again
     peer.go.set()
     peer.fail = True
     index = DirectoryIndex(peer, ["h", "x"], lease=10.0)
-    await index.op_list("/d", None)
-    await index.op_drop("/d", "a", None, "y")
+    await index.op_list(msg.IndexList("/d", None))
+    await index.op_drop(msg.IndexDrop("/d", "a", None, "y"))
     with pytest.raises(OSError, match="could not ask x whether it still holds a in /d") as caught:
-        await index.op_sync("/d", "x", [["a", _attr()], ["new", _attr()]])
+        await sync(index, "/d", "x", [["a", _attr()], ["new", _attr()]])
     assert caught.value.errno == errno.EAGAIN
-    assert [row[0] for row in (await index.op_list("/d", None))["entries"]] == ["new"]  # the rest is taken
+    taken = (await index.op_list(msg.IndexList("/d", None))).entries
+    assert [row.name for row in taken] == ["new"]  # the rest is taken
 
 
 def test_removals_are_remembered_claim_grace_and_numbered() -> None:
@@ -284,9 +285,10 @@ async def test_a_rename_to_a_new_name_costs_no_check_and_the_next_scan_corrects_
     the renamed file, corrects them (within CLAIM_GRACE too)."""
     peer = DiskPeer({"h": {"/d": []}, "x": {"/d": [["a", _attr(size=1)]]}})
     index = DirectoryIndex(peer, ["h", "x"], lease=10.0)
-    await index.op_list("/d", None)
-    await index.op_rename("/d", "b", "a", ["x"], False, "x")
-    await index.op_sync("/d", "x", [["a", None], ["b", _attr(size=9)]])  # listed before the rename
+    await index.op_list(msg.IndexList("/d", None))
+    await index.op_rename(msg.IndexRename("/d", "b", "a", ["x"], False, "x"))
+    await sync(index, "/d", "x", [["a", None], ["b", _attr(size=9)]])  # listed before the rename
     assert [c for c in peer.calls if c[1] == "lookup"] == []
-    await index.op_sync("/d", "x", [["b", _attr(size=1)]])
-    assert (await index.op_list("/d", None))["entries"] == [["b", [["x", Attr.from_wire(_attr(size=1)), None]], None]]
+    await sync(index, "/d", "x", [["b", _attr(size=1)]])
+    assert (await index.op_list(msg.IndexList("/d", None))).entries == (
+        msg.IndexRow("b", (msg.IndexHolder("x", Attr(*_attr(size=1)), None),), None),)

@@ -15,6 +15,7 @@ import pytest
 
 from gmountpy.node.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, Namespace
 from gmountpy.node.service import MAX_IO
+from gmountpy.protocol import messages as msg
 
 from .._trio import trio_test
 from .harness import open_cluster, read_file
@@ -347,12 +348,12 @@ async def test_a_directory_rename_that_cannot_be_undone_says_where_each_name_is(
         ns = cluster["n1"].namespace
         real = cluster["n2"].service.op_rename
 
-        def rename_once(src: str, dst: str) -> None:
-            if src == "/x/proj":
+        def rename_once(request: msg.Rename) -> None:
+            if request.src == "/x/proj":
                 raise OSError(errno.EIO, "the disk failed")  # n2 cannot rename it back
-            real(src, dst)
+            real(request)
 
-        cluster["n2"].service._ops["rename"] = rename_once
+        cluster["n2"].service._ops[msg.Rename] = rename_once
         with pytest.raises(OSError) as info:
             await ns.rename("/proj", "/x/proj")
         assert_errno(info, errno.EIO)

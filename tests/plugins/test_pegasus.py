@@ -30,6 +30,7 @@ import gmountpy_pegasus
 import gmountpy_pegasus.catalogs
 from gmountpy import Cluster
 from gmountpy.cli import main as gmount_main
+from gmountpy.jobs import bypass
 from gmountpy_pegasus import parse_request, prepare, selector
 from gmountpy_pegasus.catalogs import CHOSEN_KEY, workflow_inputs
 
@@ -146,7 +147,9 @@ def test_montage_catalogs_load_back_with_sites_replicas_and_profiles(cluster4: L
             assert d["path"] == f"{mount}/pegasus/{name}/{sub}" and d["sharedFileSystem"] is True
             assert d["fileServers"] == [{"url": f"file://{d['path']}", "operation": "all"}]
         assert site["profiles"]["condor"]["requirements"].startswith('(Machine == "')
-        assert site["profiles"]["env"] == {"GMOUNT_NODE": name, "GMOUNT_CLUSTER": api.name}
+        # nodes on this machine: their jobs preload the local bypass (docs/bypass.md)
+        assert site["profiles"]["env"] == {"GMOUNT_NODE": name, "GMOUNT_CLUSTER": api.name,
+                                           "LD_PRELOAD": bypass.library()}
 
     # Replica catalog: every workflow input, at each holder, in its mount and on its disk.
     replicas = {r["lfn"]: r["pfns"] for r in load(prepared.replicas)["replicas"]}

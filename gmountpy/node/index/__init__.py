@@ -22,9 +22,10 @@ The package, bottom up (imports flow one way, each module from those above it he
 
 from __future__ import annotations
 
+from ...protocol.messages import MAX_PARTITIONS
 from .directory import BACKED_OPS, PART_OPS, DirectoryIndex, IndexStatistics
 from .entries import CLAIM_GRACE
-from .homes import MAX_PARTITIONS, Homes, home_lease_for, name_hash, partition_depth, partition_of, rendezvous_order
+from .homes import Homes, home_lease_for, name_hash, partition_depth, partition_of, rendezvous_order
 from .listings import LIST_AHEAD_AFTER, LIST_AHEAD_MAX, LIST_AHEAD_QUIET, LISTINGS_KEPT
 from .locator import IndexLocator
 from .partitions import NAME_OPS

@@ -33,7 +33,7 @@ from .paths import split_parent
 log = logging.getLogger(__name__)
 
 #: Changes to a file that its holder records at the directory's home for a far asker (`recorded`).
-_RECORDED_OPS = ("chmod", "utimens", "truncate", "unlink", "rename")
+_RECORDED_OPS = (msg.Chmod, msg.Utimens, msg.Truncate, msg.Unlink, msg.Rename)
 
 
 class Changes(Lookups):
@@ -328,16 +328,15 @@ class Changes(Lookups):
             log.info("could not record the change of %s at the home of %s: %s", path, directory, exc)
             self._owe_for(directory, home)
 
-    async def op_recorded(self, home: str, asker: str, op: str, args: list[Any]) -> Any:
-        """msg.Recorded: the change `op` to a file this node holds, made here for `asker` and
+    async def op_recorded(self, recorded: msg.Recorded[Any]) -> Any:
+        """The change carried (`request`) to a file this node holds, made here for `asker` and
         recorded at `home` before the reply."""
-        if op not in _RECORDED_OPS:
-            raise OSError(errno.EINVAL, f"node {self._peers.me} does not record {op!r} for another node")
-        request = msg.REQUESTS[op](*args)
-        assert isinstance(request, msg.Chmod | msg.Utimens | msg.Truncate | msg.Unlink | msg.Rename)
-        result = await self._peers.call(self._peers.me, op, *args)
+        request = recorded.request
+        if not isinstance(request, _RECORDED_OPS):
+            raise OSError(errno.EINVAL, f"node {self._peers.me} does not record {request.op!r} for another node")
+        result = await self._peers.ask(self._peers.me, request)
         path = request.src if isinstance(request, msg.Rename) else request.path
-        await self._record(self._peers.me, str(path), request, request.decode(result), str(asker), str(home))
+        await self._record(self._peers.me, path, request, result, recorded.asker, recorded.home)
         return result
 
     async def announce_removed(self, path: str, nodes: list[str], is_dir: bool = False) -> None:

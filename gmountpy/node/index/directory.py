@@ -5,7 +5,8 @@ directory -- name -> holders, each with its attributes -- and answers in one rou
 who holds this name (`index_lookup`), the whole directory (`index_list`), may this node
 create it (`index_claim`), and here is a change (`index_set`, `index_drop`,
 `index_replace`, `index_rename` -- a drop and a replace in one message --,
-`index_forget`). Each is asked with its typed request in gmountpy.protocol.messages.
+`index_forget`). Each is asked with its typed request in gmountpy.protocol.messages, and
+each `op_*` method takes that request (decoded by the service before it runs).
 
 A definite "not found" is a lease: the home remembers who was told, and before a claim
 or a new name returns it tells those nodes (`created`, which also drops the kernel's
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import errno
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +40,15 @@ from ..._trio import open_nursery
 from ...errors import PeerUnavailable
 from ...protocol import messages as msg
 from ...protocol.attr import Attr
-from ...protocol.messages import DirEntry
+from ...protocol.messages import (
+    DirEntry,
+    IndexClaimReply,
+    IndexHolder,
+    IndexListReply,
+    IndexLookupReply,
+    IndexRow,
+    SyncEntry,
+)
 from ..leases import WHOLE
 from .entries import BuiltDirectory, Change, Entries, Holder, apply_change, same_but_atime
 from .partitions import Misdirected
@@ -53,12 +62,12 @@ log = logging.getLogger(__name__)
 #: Holders a home asks at once for the attributes of names claimed or renamed, to list a directory.
 _RESOLVE_AT_ONCE = 64
 #: Operations a backup serves for a home that does not answer.
-BACKED_OPS = ("index_lookup", "index_claim", "index_set", "index_drop", "index_replace", "index_rename",
-               "index_list")
+BACKED_OPS = (
+    msg.IndexLookup, msg.IndexClaim, msg.IndexSet, msg.IndexDrop, msg.IndexReplace, msg.IndexRename, msg.IndexList)
 #: Operations on one directory that wait while a partition of it splits on this node.
-GATED_OPS = (*BACKED_OPS, "index_sync", "index_adopt")
+GATED_OPS = (*BACKED_OPS, msg.IndexSync, msg.IndexAdopt)
 #: Operations sent to a partition's server (`index_part`).
-PART_OPS = (*BACKED_OPS, "index_sync")
+PART_OPS = (*BACKED_OPS, msg.IndexSync)
 
 
 @dataclass(frozen=True)
@@ -82,19 +91,17 @@ class DirectoryIndex(SubdirectoryHomes):
     """The index a home keeps for the directories it is home of, served as `index_*` operations
     (`operations()`, for NodeService's `extra` table). The constructor's parameters: `IndexStore`."""
 
-    def operations(self) -> dict[str, Callable[..., Awaitable[Any]]]:
-        """The RPC operations, for NodeService's `extra` table (made once: `op_part` dispatches on them)."""
+    def operations(self) -> msg.Operations:
+        """The RPC operations, for NodeService's `extra` table (made once: `op_part` and `op_backup`
+        serve the requests they carry with it)."""
         if self._operations is not None:
             return self._operations
-        ops: dict[str, Callable[..., Awaitable[Any]]] = {
-            "index_lookup": self.op_lookup, "index_claim": self.op_claim, "index_set": self.op_set,
-            "index_drop": self.op_drop, "index_replace": self.op_replace, "index_rename": self.op_rename,
-            "index_forget": self.op_forget,
-            "index_sync": self.op_sync, "index_list": self.op_list, "index_backup": self.op_backup,
-            "index_records": self.op_records, "index_seed": self.op_seed, "index_adopt": self.op_adopt}
-        for op in GATED_OPS:
-            ops[op] = self._gated(op, ops[op])
-        ops.update({"index_part": self.op_part, "index_split": self.op_split, "index_parts": self.op_parts})
+        ops = msg.operations(
+            self.op_lookup, self.op_claim, self.op_set, self.op_drop, self.op_replace, self.op_rename,
+            self.op_forget, self.op_sync, self.op_list, self.op_backup, self.op_records, self.op_seed,
+            self.op_adopt, self.op_part, self.op_split, self.op_parts)
+        for kind in GATED_OPS:
+            ops[kind] = self._gated(ops[kind])
         self._operations = ops
         return ops
 
@@ -196,8 +203,8 @@ class DirectoryIndex(SubdirectoryHomes):
 
     # -- answers ---------------------------------------------------------------
 
-    async def _resolved(self, directory: str, name: str) -> tuple[list[list[Any]], bool, bool]:
-        """([node, attr, replica_of] of every holder, complete, pending) for one name.
+    async def _resolved(self, directory: str, name: str) -> tuple[list[IndexHolder], bool, bool]:
+        """(every holder, complete, pending) for one name.
 
         Claimed entries get their attributes from their holder here (one message from the
         home, once): a holder without the file yet is "pending" if the claim is recent.
@@ -228,45 +235,47 @@ class DirectoryIndex(SubdirectoryHomes):
                 current.entries[name][node] = resolved
         current = self._dirs.get(directory)
         complete = current is not None and self._complete(directory, current)
-        found = [[node, holder.attr, holder.replica_of] for node, holder in holders.items()
+        found = [IndexHolder(node, holder.attr, holder.replica_of) for node, holder in holders.items()
                  if holder.attr is not None]
         return found, complete, pending
 
-    async def op_lookup(self, directory: str, name: str, asker: str | None = None,
-                        with_listing: bool = False) -> dict[str, Any]:
+    async def op_lookup(self, request: msg.IndexLookup) -> IndexLookupReply:
         """Every holder of `name` in `directory`. A definite "none" to `asker` is leased to it:
         the reply's `lease` is how long this home will revoke it (tell `asker` of a create).
         A subdirectory comes with its `home`, leased for `home_lease` seconds (revoked when the
         subdirectory goes). `with_listing`: the whole directory comes too, as `index_list` gives
         it (not for a split directory, whose other partitions are elsewhere)."""
+        directory, name, asker = request.directory, request.name, request.asker
         self._lookups += 1
         backing = self._serving_as_backup(directory)
         holders, complete, pending = await self._resolved(directory, name)
         if not holders and complete and not pending and self.verify_misses:
-            holders = await self._verify_absent(directory, name, None if asker is None else str(asker))
+            holders = await self._verify_absent(directory, name, asker)
         lease = 0.0
         if not holders and complete and not pending and asker is not None and self.lease > 0 and not backing:
-            self._negatives.grant(directory, name, str(asker), trio.current_time() + self.lease)
+            self._negatives.grant(directory, name, asker, trio.current_time() + self.lease)
             self._leased += 1
             lease = self.lease
         home, home_lease = None, 0.0
-        if any(attr.is_dir for _, attr, _ in holders):
-            home = self._child_home(directory, name, [str(node) for node, _, _ in holders])
+        if any(holder.attr.is_dir for holder in holders):
+            home = self._child_home(directory, name, [holder.node for holder in holders])
             home_lease = self._lease_home(directory, name, asker) if home is not None else 0.0
         current = self._dirs.get(directory)
         parts = self._bitmap(directory)
-        listing = await self.op_list(directory, asker) if with_listing and not parts else None
-        return {"holders": holders, "complete": complete, "pending": pending, "lease": lease,
-                "home": home, "home_lease": home_lease, "parts": parts,
-                "size": None if current is None else len(current.entries), "listing": listing}
+        listing = (await self.op_list(msg.IndexList(directory, asker))
+                   if request.with_listing and not parts else None)
+        return IndexLookupReply(tuple(holders), complete, pending, lease, home, home_lease,
+                                None if parts is None else tuple(parts),
+                                None if current is None else len(current.entries), listing)
 
-    async def op_list(self, directory: str, asker: str | None = None) -> dict[str, Any]:
-        """The whole directory in one reply: [name, [[node, attr, replica_of], ...], home] for each
-        name. Complete: leased to `asker` for `listing_lease` seconds (any change revokes it)."""
+    async def op_list(self, request: msg.IndexList) -> IndexListReply:
+        """The whole directory in one reply: each name with its holders, and its home for a
+        subdirectory. Complete: leased to `asker` for `listing_lease` seconds (any change revokes it)."""
+        directory, asker = request.directory, request.asker
         self._listings += 1
         backing = self._serving_as_backup(directory)
         built = await self._directory(directory)
-        asked: dict[str, list[list[Any]]] = {}  # claimed or renamed names: their holders are asked, at once
+        asked: dict[str, list[IndexHolder]] = {}  # claimed or renamed names: their holders are asked, at once
         limiter = trio.CapacityLimiter(_RESOLVE_AT_ONCE)
 
         async def resolve(name: str) -> None:
@@ -277,71 +286,74 @@ class DirectoryIndex(SubdirectoryHomes):
             for name, holders in list(built.entries.items()):
                 if any(holder.attr is None for holder in holders.values()):
                     nursery.start_soon(resolve, name)
-        rows: list[list[Any]] = []
+        rows: list[IndexRow] = []
         for name, holders in list(built.entries.items()):
             found = asked.get(name)
             if found is None:
-                found = [[node, holder.attr, holder.replica_of] for node, holder in holders.items()
+                found = [IndexHolder(node, holder.attr, holder.replica_of) for node, holder in holders.items()
                          if holder.attr is not None]  # (claimed since: not listed yet)
             if not found:
                 continue
             home = None
-            if any(attr.is_dir for _, attr, _ in found):
-                home = self._child_home(directory, name, [str(node) for node, _, _ in found])
+            if any(holder.attr.is_dir for holder in found):
+                home = self._child_home(directory, name, [holder.node for holder in found])
                 if home is not None:
                     self._lease_home(directory, name, asker)
-            rows.append([name, found, home])
+            rows.append(IndexRow(name, tuple(found), home))
         current = self._dirs.get(directory, built)
         complete = self._complete(directory, current)
         if len(rows) > PAGE:
             raise OSError(errno.EFBIG, f"{directory} has {len(rows)} entries: list it from every node in pages")
         lease = 0.0
         if complete and asker is not None and self.listing_lease > 0 and not backing:
-            self._listing_leases.grant(directory, WHOLE, str(asker), trio.current_time() + self.listing_lease)
+            self._listing_leases.grant(directory, WHOLE, asker, trio.current_time() + self.listing_lease)
             lease = self.listing_lease
-        return {"entries": rows, "complete": complete, "exists": current.exists or bool(rows), "lease": lease,
-                "home_lease": self.home_lease if asker is not None else 0.0, "parts": self._bitmap(directory)}
+        parts = self._bitmap(directory)
+        return IndexListReply(tuple(rows), complete, current.exists or bool(rows), lease,
+                              self.home_lease if asker is not None else 0.0, None if parts is None else tuple(parts))
 
     # -- requests served for another node ----------------------------------------
 
-    async def op_backup(self, home: str, op: str, args: list[Any]) -> Any:
-        """Serve `op` for `home`, which did not answer the asker: this node stands in for it (the
-        backup, at the same site). The directory is listed from the exports again (soft state),
-        every create is told to every node (the leases `home` handed out died with it), and
+    async def op_backup(self, request: msg.IndexBackup[Any]) -> Any:
+        """Serve the carried request for `home`, which did not answer the asker: this node stands in
+        for it (the backup, at the same site). The directory is listed from the exports again (soft
+        state), every create is told to every node (the leases `home` handed out died with it), and
         no "not found" or listing is leased."""
-        if op not in BACKED_OPS:
-            raise OSError(errno.EINVAL, f"node {self._peers.me} does not serve {op!r} as a backup")
-        if args and str(args[0]) in self._parts:
+        carried, home = request.request, request.home
+        if not isinstance(carried, BACKED_OPS):
+            raise OSError(errno.EINVAL, f"node {self._peers.me} does not serve {carried.op!r} as a backup")
+        if carried.directory in self._parts:
             raise OSError(errno.EHOSTDOWN, f"node {self._peers.me} serves partitions of the split directory "
-                                           f"{args[0]}: it cannot stand in for its home {home}")
+                                           f"{carried.directory}: it cannot stand in for its home {home}")
         self._taken_over += 1
-        token = AS_BACKUP.set(str(home))
+        token = AS_BACKUP.set(home)
         try:
-            return await self.operations()[op](*args)
+            return await self.operations()[type(carried)](carried)
         finally:
             AS_BACKUP.reset(token)
 
-    async def op_part(self, partition: int, home: str, bitmap: list[int], op: str, args: list[Any]) -> list[Any]:
-        """`op` for a split directory, from an asker that maps the name to `partition` of this node
-        with the partitions `bitmap` (and the directory's `home`). Answers ["ok", result, bitmap]
-        or, for a name another node serves, ["redirect", bitmap]: the asker merges the bitmap
-        and asks again (Giga+'s correction of a stale mapping, a hop per stale level)."""
-        if op not in PART_OPS:
-            raise OSError(errno.EINVAL, f"node {self._peers.me} does not serve {op!r} for a partition")
-        directory = str(args[0])
-        await self._learn(directory, str(home), bitmap)
+    async def op_part(self, request: msg.IndexPart[Any]) -> msg.PartOk[Any] | msg.PartRedirect:
+        """The carried request for a split directory, from an asker that maps its name to
+        `partition` of this node with the partitions `bitmap` (and the directory's `home`).
+        Answers PartOk with its reply, or, for a name another node serves, PartRedirect with the
+        partitions known here: the asker merges them and asks again (Giga+'s correction of a
+        stale mapping, a hop per stale level)."""
+        carried = request.request
+        if not isinstance(carried, PART_OPS):
+            raise OSError(errno.EINVAL, f"node {self._peers.me} does not serve {carried.op!r} for a partition")
+        directory = carried.directory
+        await self._learn(directory, request.home, request.bitmap)
         try:
-            result = await self.operations()[op](*args)
+            result = await self.operations()[type(carried)](carried)
         except Misdirected as exc:
-            return ["redirect", exc.bitmap]
-        return ["ok", result, self._bitmap(directory) or [0]]
+            return msg.PartRedirect(tuple(exc.bitmap))
+        return msg.PartOk(result, tuple(self._bitmap(directory) or [0]))
 
     # -- changes -------------------------------------------------------------------
 
-    async def op_claim(self, directory: str, name: str, node: str, is_dir: bool = False,
-                       exclusive: bool = True) -> list[Any]:
-        """`node` is about to create `name`: [the existing holders, False, False] if there are
-        any (nothing is claimed then), else [[], seeded, keep] (IndexClaimReply) -- the name is
+    async def op_claim(self, request: msg.IndexClaim) -> IndexClaimReply:
+        """`node` is about to create `name`: the existing holders if there are any (nothing is
+        claimed then), else none, and `seeded` and `keep` (IndexClaimReply) -- the name is
         recorded for `node` and every node holding a "not found" for it has been told before
         this returns.
 
@@ -353,28 +365,29 @@ class DirectoryIndex(SubdirectoryHomes):
         this node or the backup, its index is started empty here or with the copy (`seeded`):
         the creator's mkdir saves the round trip of the seed.
         """
+        directory, name, node, is_dir = request.directory, request.name, request.node, request.is_dir
         backing = self._serving_as_backup(directory)
         holders, _, pending = await self._resolved(directory, name)
-        others = [h for h in holders if h[0] != node]
-        if exclusive and not others and not pending and self.verify_misses:
-            others = await self._verify_absent(directory, name, str(node))
+        others = [holder for holder in holders if holder.node != node]
+        if request.exclusive and not others and not pending and self.verify_misses:
+            others = await self._verify_absent(directory, name, node)
         built = self._dirs.get(directory)
         if built is not None:
-            built.holders.add(str(node))  # a create there makes the directory on `node` (if it lacked it)
-        if exclusive and (others or pending):
+            built.holders.add(node)  # a create there makes the directory on `node` (if it lacked it)
+        if request.exclusive and (others or pending):
             if not others:
                 raise OSError(errno.EAGAIN, f"{join(directory, name)} is being created on another node; "
                                             "try again")
-            return [others, False, False]
-        self._change(directory, (name, node, Holder(bool(is_dir), None, None, trio.current_time())))
+            return IndexClaimReply(tuple(others))
+        self._change(directory, (name, node, Holder(is_dir, None, None, trio.current_time())))
         seeded = keep = False
         if is_dir and self.homes is not None:
             records = self._child_homes.setdefault(directory, {})
             if not holders or name not in records:  # a new name: homed at its creator's site
-                home = records[name] = self.homes.of_creator(join(directory, name), str(node))
-                seed = str(node) if not holders and not pending else None  # new everywhere: it starts empty
+                home = records[name] = self.homes.of_creator(join(directory, name), node)
+                seed = node if not holders and not pending else None  # new everywhere: it starts empty
                 if seed is not None and home == self._peers.me:
-                    await self.op_seed(join(directory, name), seed)
+                    await self.op_seed(msg.IndexSeed(join(directory, name), seed))
                     seeded = True
                 if self._backup_node(directory) == node:
                     keep = True  # the claimant copies it to itself
@@ -383,16 +396,16 @@ class DirectoryIndex(SubdirectoryHomes):
                     reached = await self._copy_records(directory, {name: home}, seed=seed)
                     seeded = seeded or (seed is not None and reached == home)
             self._lease_home(directory, name, node)
-        await self._revoke(directory, name, bool(is_dir), but=node, everyone=backing)
+        await self._revoke(directory, name, is_dir, but=node, everyone=backing)
         await self._changed(directory, [name], but=node)
-        return [[], seeded, keep]
+        return IndexClaimReply((), seeded, keep)
 
-    async def _verify_absent(self, directory: str, name: str, asker: str | None) -> list[list[Any]]:
+    async def _verify_absent(self, directory: str, name: str, asker: str | None) -> list[IndexHolder]:
         """Ask the nodes holding `directory` (but the asker, which looked in its own export) for
         `name`: what they hold is recorded (as a scan would) and returned."""
         built = self._dirs.get(directory)
         path = join(directory, name)
-        found: list[list[Any]] = []
+        found: list[IndexHolder] = []
 
         async def ask(node: str) -> None:
             try:
@@ -402,7 +415,7 @@ class DirectoryIndex(SubdirectoryHomes):
                 return
             if attr is not None:
                 self._change(directory, (name, node, Holder(attr.is_dir, attr)))
-                found.append([node, attr, None])
+                found.append(IndexHolder(node, attr, None))
 
         async with open_nursery() as nursery:
             for node in sorted(built.holders if built is not None else ()):
@@ -410,52 +423,50 @@ class DirectoryIndex(SubdirectoryHomes):
                     nursery.start_soon(ask, node)
         return found
 
-    async def op_set(self, directory: str, name: str, node: str, attr: Any, replica_of: str | None = None,
-                     is_dir: bool = False, asker: str | None = None) -> None:
+    async def op_set(self, request: msg.IndexSet) -> None:
         """`node` holds `name` with these attributes (None: ask it) -- after a write, a put, a staging.
         `asker` (default `node`), the node that made the change, keeps its listing (see `_changed`)."""
+        directory, name, node, attr = request.directory, request.name, request.node, request.attr
         backing = self._serving_as_backup(directory)
         if backing:  # a stand-in tells every node of a name new to it (a put), not of a close
             built = await self._directory(directory)
             backing = not built.entries.get(name)
-        value = None if attr is None else Attr.from_wire(attr)
-        holder = Holder(value.is_dir if value is not None else bool(is_dir), value,
-                         None if replica_of is None else str(replica_of), trio.current_time())
+        holder = Holder(attr.is_dir if attr is not None else request.is_dir, attr, request.replica_of,
+                        trio.current_time())
         self._change(directory, (name, node, holder))
         await self._revoke(directory, name, holder.is_dir, but=node, everyone=backing)
-        await self._changed(directory, [name], but=node if asker is None else str(asker))
+        await self._changed(directory, [name], but=node if request.asker is None else request.asker)
 
-    async def op_drop(self, directory: str, name: str, nodes: list[str] | None = None,
-                      asker: str | None = None, index_home: str | None = None, keep: bool = False) -> list[str]:
+    async def op_drop(self, request: msg.IndexDrop) -> list[str]:
         """`name` is gone from `nodes` (None: from every node). `asker`, the node that removed it,
         keeps its listing and forgets a removed directory's home itself (IndexLocator's
         announce_removed and announce_renamed): a revocation there would cost the removal a
         round trip. A removed directory's index is forgotten at its home and `index_home`, and
         `keep` has the asker, the backup, drop its copy of its record itself (see `_drop_home`);
         the homes that did not answer."""
+        directory, name, asker, index_home = request.directory, request.name, request.asker, request.index_home
         self._serving_as_backup(directory)
-        asker = None if asker is None else str(asker)
-        index_home = None if index_home is None else str(index_home)
         unreached: list[str] = []
         self._removed.record(directory, name, trio.current_time())
-        if nodes is None:
+        if request.nodes is None:
             self._change(directory, (name, None, None))
             unreached += await self._drop_home(directory, name, forgotten_by=asker, index_home=index_home,
-                                               kept=bool(keep))
+                                               kept=request.keep)
             index_home = None
         else:
-            for node in nodes:
-                self._change(directory, (name, str(node), None))
+            for node in request.nodes:
+                self._change(directory, (name, node, None))
         return unreached + await self._changed(directory, [name], but=asker, forgotten_by=asker,
-                                               index_home=index_home, kept=bool(keep))
+                                               index_home=index_home, kept=request.keep)
 
-    async def op_replace(self, directory: str, name: str, nodes: list[str], is_dir: bool,
-                         asker: str | None = None) -> None:
+    async def op_replace(self, request: msg.IndexReplace) -> None:
         """After a rename to `name`: exactly `nodes` hold it now (their attributes are asked later).
         A directory renamed here is homed by `Homes.of_holders` (its old home's records are gone
         with its old path). `asker`, the renaming node, is not told "created": its kernel moved
         the entry itself, and it holds that directory's lock until this returns (an
         invalidation there would wait for KERNEL_NOTIFY_WAIT: 0.5 s per rename)."""
+        directory, name, nodes, is_dir, asker = (request.directory, request.name, request.nodes, request.is_dir,
+                                                 request.asker)
         backing = self._serving_as_backup(directory)
         current = self._dirs.get(directory)
         if current is None or current.entries.get(name):  # an old file under `name` is gone
@@ -464,49 +475,49 @@ class DirectoryIndex(SubdirectoryHomes):
         await self._drop_home(directory, name)
         now = trio.current_time()
         for node in nodes:
-            self._change(directory, (name, str(node), Holder(bool(is_dir), None, None, now, renamed=True)))
+            self._change(directory, (name, node, Holder(is_dir, None, None, now, renamed=True)))
         if is_dir and self.homes is not None:
-            home = self._child_home(directory, name, [str(node) for node in nodes])
+            home = self._child_home(directory, name, nodes)
             await self._copy_records(directory, {name: home})
-        await self._revoke(directory, name, bool(is_dir), but=asker, everyone=backing)
+        await self._revoke(directory, name, is_dir, but=asker, everyone=backing)
         await self._changed(directory, [name], but=asker)
 
-    async def op_rename(self, directory: str, name: str, src: str, nodes: list[str], is_dir: bool,
-                        asker: str | None = None) -> None:
+    async def op_rename(self, request: msg.IndexRename) -> None:
         """A rename within `directory`: op_drop of `src`, then op_replace of `name`, in one message.
         EXDEV when this node does not serve `src` too (the two names are in partitions of a split
         directory that different nodes serve): the asker sends the two messages instead."""
-        if not self._mine(directory, str(src)):
+        directory, name, src = request.directory, request.name, request.src
+        if not self._mine(directory, src):
             raise OSError(errno.EXDEV, f"node {self._peers.me} does not serve both {src!r} and {name!r} of the "
                                        f"split directory {directory}")
-        await self.op_drop(directory, src, None, asker)
-        await self.op_replace(directory, name, nodes, is_dir, asker)
+        await self.op_drop(msg.IndexDrop(directory, src, None, request.asker))
+        await self.op_replace(msg.IndexReplace(directory, name, request.nodes, request.is_dir, request.asker))
 
-    async def op_sync(self, directory: str, node: str, changes: list[Any], covered: list[int] | None = None) -> None:
+    async def op_sync(self, request: msg.IndexSync) -> None:
         """`node`'s export changed outside the mount (or its scan saw the mount's own changes):
         these entries of `directory` are new or changed there, and those with no attributes
-        (`[name, None]`) are gone from it.
+        are gone from it.
 
         Names new to the directory revoke the "not found" handed out for them, like a create.
         A split directory's changes go on to the servers of the partitions this node knows of
         and the sender did not (`covered`); each keeps the names of its own partitions.
         """
+        directory, node, changes = request.directory, request.node, request.changes
         parts = self._parts.get(directory)
         if parts is not None:
             await self._pass_on(directory, parts, msg.IndexSync(directory, node, changes, sorted(parts.bitmap)),
-                                covered)
-            changes = [entry for entry in changes if self._mine(directory, str(entry[0]))]
+                                request.covered)
+            changes = [entry for entry in changes if self._mine(directory, entry.name)]
         if self._dirs.get(directory) is None and directory not in self._building:
             return  # not built: the next build lists it anyway
         seen: dict[str, Holder] = {}
         gone: list[str] = []
         for entry in changes:
-            if entry[1] is None:
-                gone.append(str(entry[0]))
+            if entry.attr is None:
+                gone.append(entry.name)
                 continue
-            attr = Attr.from_wire(entry[1])
-            seen[str(entry[0])] = Holder(attr.is_dir, attr, str(entry[2]) if len(entry) > 2 else None)
-        seen, unchecked = await self._checked_against_removals(directory, str(node), seen)
+            seen[entry.name] = Holder(entry.attr.is_dir, entry.attr, entry.replica_of)
+        seen, unchecked = await self._checked_against_removals(directory, node, seen)
         current = self._dirs.get(directory)
         if current is None and directory not in self._building:
             return
@@ -615,10 +626,11 @@ class DirectoryIndex(SubdirectoryHomes):
                 checked[name] = Holder(attr.is_dir, attr, seen[name].replica_of, now)
         return checked, unchecked
 
-    async def op_adopt(self, directory: str, node: str) -> None:
+    async def op_adopt(self, request: msg.IndexAdopt) -> None:
         """`directory` appeared on `node` outside the mount (its parent's home saw it in a sync):
         list it there now -- which also has `node` watch it -- and revoke the "not found"
         handed out for what it holds."""
+        directory, node = request.directory, request.node
         if directory not in self._dirs:
             await self._directory(directory)  # a build lists every node, `node` included
             return
@@ -628,7 +640,7 @@ class DirectoryIndex(SubdirectoryHomes):
             log.info("could not list %s on %s: %s", directory, node, exc)
             self.forget([directory])
             return
-        await self.op_sync(directory, node, [entry.to_wire() for entry in listing or []])
+        await self.op_sync(msg.IndexSync(directory, node, [SyncEntry(*entry) for entry in listing or []]))
 
     async def _changed(self, directory: str, names: Sequence[str], *, but: str | None,
                        forgotten_by: str | None = None, index_home: str | None = None,

@@ -20,9 +20,6 @@ import hashlib
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-#: No directory splits into more partitions than this (a bound on the bitmap sent with requests).
-MAX_PARTITIONS = 1 << 12
-
 
 def _weight(node: str, directory: str) -> int:
     digest = hashlib.blake2b(f"{node}\0{directory}".encode("utf-8", "surrogateescape"), digest_size=8).digest()

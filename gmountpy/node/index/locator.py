@@ -8,9 +8,7 @@ changes a far asker has this node record.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
-
+from ...protocol import messages as msg
 from ..locator import LocatorStatistics
 from .changes import Changes
 
@@ -32,22 +30,23 @@ class IndexLocator(Changes):
     neither answers does a lookup ask every node.
     """
 
-    def operations(self) -> dict[str, Callable[..., Awaitable[Any]]]:
-        """The revocations homes send to this node, for NodeService's `extra` table."""
-        return {"index_unhome": self.op_unhome, "index_unlist": self.op_unlist, "recorded": self.op_recorded}
+    def operations(self) -> msg.Operations:
+        """The revocations homes send to this node, and the changes it records for far askers, for
+        NodeService's `extra` table."""
+        return msg.operations(self.op_unhome, self.op_unlist, self.op_recorded)
 
-    async def op_unhome(self, prefixes: list[str], indexes: bool = False) -> None:
+    async def op_unhome(self, request: msg.IndexUnhome) -> None:
         """The directories under `prefixes` are gone or moved: forget their homes, listings and the
         "not found" under them (a directory made again there may be homed elsewhere).
         `indexes`: this node's own index of them goes too (a directory rename)."""
-        self._forget_homes([str(prefix) for prefix in prefixes])
-        if indexes and self.index is not None:
-            self.index.forget([str(prefix) for prefix in prefixes])
+        self._forget_homes(request.prefixes)
+        if request.indexes and self.index is not None:
+            self.index.forget(request.prefixes)
 
-    async def op_unlist(self, directory: str) -> None:
+    async def op_unlist(self, request: msg.IndexUnlist) -> None:
         """The listing of `directory` handed out by its home changed."""
         self._revoked += 1
-        self._drop_listing(str(directory))
+        self._drop_listing(request.directory)
 
     def statistics(self) -> LocatorStatistics:
         return LocatorStatistics(self._hits, self._negative_hits, self._misses, self._remote, len(self._positive))

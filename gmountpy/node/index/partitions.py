@@ -21,17 +21,18 @@ import trio
 
 from ..._trio import open_nursery
 from ...protocol import messages as msg
-from ...protocol.attr import Attr
+from ...protocol.messages import MAX_PARTITIONS
 from ..leases import WHOLE
 from .entries import BuiltDirectory, Change, Entries, Holder, Parts, apply_change
-from .homes import MAX_PARTITIONS, name_hash, partition_depth, partition_of
+from .homes import name_hash, partition_depth, partition_of
 from .paths import join, under_any
 from .store import IndexStore
 
 log = logging.getLogger(__name__)
 
 #: Operations on one name of a directory: served by the partition the name hashes to.
-NAME_OPS = ("index_lookup", "index_claim", "index_set", "index_drop", "index_replace", "index_rename")
+NAME_OPS = (
+    msg.IndexLookup, msg.IndexClaim, msg.IndexSet, msg.IndexDrop, msg.IndexReplace, msg.IndexRename)
 
 
 class Misdirected(OSError):
@@ -66,22 +67,23 @@ class Partitioned(IndexStore):
         parts = self._parts.get(directory)
         return None if parts is None else sorted(parts.bitmap)
 
-    def _gated(self, op: str, serve: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-        """`serve`, waiting while a partition of the directory splits here; a name this node does
-        not serve (any more) is refused with the partitions it knows of (Misdirected). It keeps
-        `serve`'s signature (tests/test_messages.py matches it with the op's request type)."""
+    def _gated(self, serve: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
+        """`serve` (a handler of a request on one directory), waiting while a partition of the
+        directory splits here; a name this node does not serve (any more) is refused with the
+        partitions it knows of (Misdirected). It keeps `serve`'s signature (msg.operations
+        reads the request type from it)."""
         @functools.wraps(serve)
-        async def gated(directory: str, *args: Any) -> Any:
-            directory = str(directory)
+        async def gated(request: Any) -> Any:
+            directory = request.directory
             self._tidy()
             while (closed := self._closed.get(directory)) is not None:
                 await closed.wait()
             self._active[directory] += 1
             try:
-                if op in NAME_OPS and not self._mine(directory, str(args[0])):
+                if isinstance(request, NAME_OPS) and not self._mine(directory, request.name):
                     self._redirects += 1
-                    raise Misdirected(directory, str(args[0]), self._peers.me, self._parts[directory].bitmap)
-                result = await serve(directory, *args)
+                    raise Misdirected(directory, request.name, self._peers.me, self._parts[directory].bitmap)
+                result = await serve(request)
             finally:
                 self._active[directory] -= 1
                 if self._active[directory] <= 0:
@@ -94,10 +96,10 @@ class Partitioned(IndexStore):
 
         return gated
 
-    async def op_parts(self, directory: str, home: str, bitmap: list[int]) -> None:
+    async def op_parts(self, request: msg.IndexParts) -> None:
         """A server of a partition of `directory` split it: the home learns the new partition (so
         its redirects send askers straight there, and it passes changes on to it)."""
-        await self._learn(str(directory), str(home), bitmap)
+        await self._learn(request.directory, request.home, request.bitmap)
 
     async def _learn(self, directory: str, home: str, bitmap: Collection[int]) -> None:
         """Merge partitions others know of. Bitmaps only grow (until `forget_all`), and the
@@ -178,19 +180,19 @@ class Partitioned(IndexStore):
         records = self._child_homes.get(directory, {})
         home_leases = {name: self._home_leases.holders(directory, name) for name in moved}
         listing_leases = self._listing_leases.holders(directory, WHOLE)
-        payload: msg.SplitPayload = {
-            "home": parts.home, "bitmap": sorted(parts.bitmap), "partition": new,
-            "entries": [[name, node, holder.is_dir, holder.attr, holder.replica_of,
-                         None if holder.since is None else now - holder.since]
-                        for name, holders in moved.items() for node, holder in holders.items()],
-            "missing": list(built.missing), "exists": built.exists, "holders": sorted(built.holders),
-            "negatives": {name: {node: until - now for node, until in askers.items() if until > now}
-                          for name, askers in leased.items()},
-            "listing_leases": {node: until - now for node, until in listing_leases.items() if until > now},
-            "child_homes": {name: records[name] for name in moved if name in records},
-            "home_leases": {name: {node: until - now for node, until in home_leases[name].items() if until > now}
-                            for name in moved if home_leases[name]},
-        }
+        payload = msg.SplitPayload(
+            home=parts.home, bitmap=sorted(parts.bitmap), partition=new,
+            entries=[msg.SplitEntry(name, node, holder.is_dir, holder.attr, holder.replica_of,
+                                    None if holder.since is None else now - holder.since)
+                     for name, holders in moved.items() for node, holder in holders.items()],
+            missing=list(built.missing), exists=built.exists, holders=sorted(built.holders),
+            negatives={name: {node: until - now for node, until in askers.items() if until > now}
+                       for name, askers in leased.items()},
+            listing_leases={node: until - now for node, until in listing_leases.items() if until > now},
+            child_homes={name: records[name] for name in moved if name in records},
+            home_leases={name: {node: until - now for node, until in home_leases[name].items() if until > now}
+                         for name in moved if home_leases[name]},
+        )
         try:
             await self._peers.ask(target, msg.IndexSplit(directory, payload), timeout=self.ask_timeout)
         except OSError as exc:
@@ -207,26 +209,23 @@ class Partitioned(IndexStore):
             except OSError as exc:
                 log.info("could not tell %s, the home of %s, of its partition %d: %s", parts.home, directory, new, exc)
 
-    async def op_split(self, directory: str, payload: dict[str, Any]) -> None:
+    async def op_split(self, request: msg.IndexSplit) -> None:
         """Become the server of a partition another node split off (`_split`): its names, claims
         and leases. A partition this node serves already (it learnt of it from an asker and
         listed it from the exports) keeps its own names; the leases are merged in."""
-        directory = str(directory)
+        directory, payload = request.directory, request.payload
         now = trio.current_time()
         parts = self._parts.get(directory)
-        partition = int(payload["partition"])
-        fresh = parts is None or partition not in parts.bitmap
+        fresh = parts is None or payload.partition not in parts.bitmap
         served_before = [] if parts is None else self._served_here(directory, parts)
         if parts is None:
-            parts = self._parts[directory] = Parts(str(payload["home"]), {0})
-        parts.bitmap |= {int(p) for p in payload["bitmap"]}
+            parts = self._parts[directory] = Parts(payload.home, {0})
+        parts.bitmap |= set(payload.bitmap)
         if fresh:
-            changes: list[Change] = []
-            for name, node, is_dir, attr, replica_of, age in payload["entries"]:
-                value = None if attr is None else Attr.from_wire(attr)
-                changes.append((str(name), str(node), Holder(bool(is_dir), value,
-                                                              None if replica_of is None else str(replica_of),
-                                                              None if age is None else now - float(age))))
+            changes: list[Change] = [
+                (entry.name, entry.node, Holder(entry.is_dir, entry.attr, entry.replica_of,
+                                                None if entry.age is None else now - entry.age))
+                for entry in payload.entries]
             if directory in self._dirs or directory in self._building:
                 for change in changes:
                     self._change(directory, change)
@@ -234,21 +233,20 @@ class Partitioned(IndexStore):
                 entries: Entries = {}
                 for change in changes:
                     apply_change(entries, change)
-                self._dirs[directory] = BuiltDirectory(entries, now, tuple(payload["missing"]), bool(payload["exists"]),
-                                                   {str(node) for node in payload["holders"]})
+                self._dirs[directory] = BuiltDirectory(entries, now, tuple(payload.missing), payload.exists,
+                                                       set(payload.holders))
             # else: other partitions here are not built: the next request lists them all
-        for name, askers in payload["negatives"].items():
+        for name, askers in payload.negatives.items():
             for node, left in askers.items():
-                self._negatives.grant(directory, str(name), str(node), now + float(left))
+                self._negatives.grant(directory, name, node, now + left)
         listing = self._listing_leases.holders(directory, WHOLE)
-        for node, left in payload["listing_leases"].items():
-            self._listing_leases.grant(directory, WHOLE, str(node), max(listing.get(str(node), 0.0), now + float(left)))
-        if payload["child_homes"]:
-            self._child_homes.setdefault(directory, {}).update(
-                {str(name): str(home) for name, home in payload["child_homes"].items()})
-        for name, askers in payload["home_leases"].items():
+        for node, left in payload.listing_leases.items():
+            self._listing_leases.grant(directory, WHOLE, node, max(listing.get(node, 0.0), now + left))
+        if payload.child_homes:
+            self._child_homes.setdefault(directory, {}).update(payload.child_homes)
+        for name, askers in payload.home_leases.items():
             for node, left in askers.items():
-                self._home_leases.grant(directory, str(name), str(node), now + float(left))
+                self._home_leases.grant(directory, name, node, now + left)
 
     async def _pass_on(self, directory: str, parts: Parts, change: msg.IndexSync | msg.IndexForget,
                        covered: list[int] | None) -> None:
@@ -256,7 +254,7 @@ class Partitioned(IndexStore):
         node knows of and the sender did not (`covered`, the sender's bitmap): from the home to
         every partition it knows, and from the server of a partition to the ones it split off and
         has not told the home of yet."""
-        skip = {int(p) for p in covered or ()}
+        skip = set(covered or ())
         targets: dict[str, int] = {}
         for partition in sorted(parts.bitmap - skip):
             server = self._server_of(directory, parts, partition)
@@ -278,13 +276,13 @@ class Partitioned(IndexStore):
             for server, partition in targets.items():
                 nursery.start_soon(send, server, partition)
 
-    async def op_forget(self, prefixes: list[str], covered: list[int] | None = None) -> None:
+    async def op_forget(self, request: msg.IndexForget) -> None:
         """Directories under `prefixes` changed wholesale (renamed, removed, or a change failed
         half-way): build their indexes again from the exports when next asked. The servers of
         the partitions of split directories among them do the same."""
-        prefixes = [str(prefix) for prefix in prefixes]
-        self.forget(prefixes)
-        under = under_any(prefixes)
+        self.forget(request.prefixes)
+        under = under_any(request.prefixes)
         for directory, parts in list(self._parts.items()):
             if under(directory):
-                await self._pass_on(directory, parts, msg.IndexForget([directory], sorted(parts.bitmap)), covered)
+                await self._pass_on(directory, parts, msg.IndexForget([directory], sorted(parts.bitmap)),
+                                    request.covered)

@@ -7,7 +7,7 @@ listing too large for one reply is read through a directory handle, page by page
 from __future__ import annotations
 
 import errno
-from typing import Any, Protocol
+from typing import Protocol
 
 from ...protocol import messages as msg
 from ...protocol.messages import DirEntry, R, Request
@@ -18,12 +18,11 @@ PAGE = 50_000
 
 class Peers(Protocol):
     """What the index needs of the peer pool (PeerPool, or a test's in-memory network): `ask` with
-    the typed requests of gmountpy.protocol.messages; `call` passes a node's own listing on untouched."""
+    the typed requests of gmountpy.protocol.messages."""
 
     me: str
 
     async def ask(self, node: str, request: Request[R], *, timeout: float | None = None) -> R: ...
-    async def call(self, node: str, op: str, *args: Any, timeout: float | None = None) -> Any: ...
     def is_down(self, node: str) -> bool: ...
 
 

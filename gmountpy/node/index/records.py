@@ -128,7 +128,7 @@ class SubdirectoryHomes(Partitioned):
         unreached: list[str] = []
         for home in sorted(homes):
             if home == self._peers.me:
-                await self.op_forget([path])
+                await self.op_forget(msg.IndexForget([path]))
                 continue
             try:
                 await self._peers.ask(home, msg.IndexForget([path]), timeout=self.ask_timeout)
@@ -137,32 +137,33 @@ class SubdirectoryHomes(Partitioned):
                 unreached.append(home)
         return unreached
 
-    async def op_seed(self, directory: str, node: str | None = None) -> None:
+    async def op_seed(self, request: msg.IndexSeed) -> None:
         """`directory` was just made by a mkdir through the mount (its name was new everywhere):
         its index starts empty and complete, instead of listing every node at the first lookup.
         Ignored when the index is built already (a create in it came first)."""
+        directory, node = request.directory, request.node
         if directory in self._dirs or directory in self._building or directory in self._backing:
             return
-        self._dirs[directory] = BuiltDirectory({}, trio.current_time(), (), holders={str(node)} if node else set())
+        self._dirs[directory] = BuiltDirectory({}, trio.current_time(), (), holders={node} if node else set())
 
-    async def op_records(self, directory: str, updates: dict[str, str | None] | None = None,
-                         seed: str | None = None) -> dict[str, str]:
+    async def op_records(self, request: msg.IndexRecords) -> dict[str, str]:
         """The copy of a directory's subdirectory homes that its home keeps here, as its backup:
         `updates` applied (None: removed) and nothing returned, or, without `updates`, all of
         them (a home that restarted takes them back) -- a mkdir's copy must not cost a reply
         that grows with the directory. `seed`: the creator of the new subdirectories in
         `updates`; those homed here start empty (op_seed)."""
+        directory, updates, seed = request.directory, request.updates or {}, request.seed
         records = self._child_homes.setdefault(directory, {})
-        for name, home in (updates or {}).items():
+        for name, home in updates.items():
             if home is None:
-                records.pop(str(name), None)
-                self.forget([join(directory, str(name))])
+                records.pop(name, None)
+                self.forget([join(directory, name)])
             else:
-                records[str(name)] = str(home)
+                records[name] = home
         if not records:
             self._child_homes.pop(directory, None)
         if seed is not None:
-            for name, home in (updates or {}).items():
+            for name, home in updates.items():
                 if home == self._peers.me:
-                    await self.op_seed(join(directory, str(name)), str(seed))
+                    await self.op_seed(msg.IndexSeed(join(directory, name), seed))
         return {} if updates else dict(self._child_homes.get(directory, {}))

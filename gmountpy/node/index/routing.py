@@ -29,11 +29,11 @@ import trio
 
 from ...errors import PeerUnavailable
 from ...protocol import messages as msg
-from ...protocol.messages import IndexLookupReply, R, Request
+from ...protocol.messages import MAX_PARTITIONS, IndexLookupReply, R, Request
 from ..leases import TtlCache
 from ..locator import Flights, FloodLocator, FloodPeers, Location
 from .directory import DirectoryIndex
-from .homes import MAX_PARTITIONS, Homes, home_lease_for, name_hash, partition_of
+from .homes import Homes, home_lease_for, name_hash, partition_of
 from .listings import LIST_AHEAD_KEPT, Listing
 from .paths import split_parent, under_any
 from .peers import Peers

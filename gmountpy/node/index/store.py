@@ -24,9 +24,8 @@ import errno
 import logging
 import math
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from contextvars import ContextVar
-from typing import Any
 
 import trio
 
@@ -127,7 +126,7 @@ class IndexStore:
         self._closed: dict[str, trio.Event] = {}       # directory -> set when its split here is done
         self._drained: dict[str, trio.Event] = {}      # directory -> set when its last request is done
         self._splits = self._redirects = 0
-        self._operations: dict[str, Callable[..., Awaitable[Any]]] | None = None
+        self._operations: msg.Operations | None = None
 
     def _tidy(self) -> None:
         """Forget the leases that ended; every `keep_idle` / 4 seconds, let go of the directory

@@ -11,13 +11,11 @@ import errno
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 import trio
 
 from ...protocol import messages as msg
-from ...protocol.messages import DirEntry
+from ...protocol.messages import DirEntry, SyncEntry
 from .homes import Homes
 from .peers import Peers, list_whole
 
@@ -67,8 +65,8 @@ class ExportWatcher:
         self._scanning = trio.Lock()  # the daemon's scan every second, and `rescan` asked for
         self.syncs = 0
 
-    def operations(self) -> dict[str, Callable[..., Awaitable[Any]]]:
-        return {"index_listdir": self.op_listdir, "rescan": self.scan}
+    def operations(self) -> msg.Operations:
+        return msg.operations(self.op_listdir, self.op_rescan)
 
     async def _mtime(self, directory: str) -> int | None:
         try:
@@ -77,22 +75,21 @@ class ExportWatcher:
             return None
         return None if attr is None else attr.mtime_ns
 
-    async def op_listdir(self, directory: str, home: str | None = None) -> list[Any] | None:
+    async def op_listdir(self, request: msg.IndexListdir) -> list[DirEntry] | None:
         """This node's listing of `directory` for its home, which is watched from now on (EFBIG
         when it needs paging: the home pages through it, and it is watched all the same).
         Changes go to `home`, the node that asked (homes other than the root's are not computable)."""
+        directory, home = request.directory, request.home
         mtime = await self._mtime(directory)  # before listing: a change meanwhile shows at the next scan
-        request = msg.Listdir(directory)
         try:
-            # the reply as the service gave it, passed on untouched (a node's own call: no socket)
-            listing: list[Any] | None = await self._peers.call(self._peers.me, request.op, *request.args())
+            listing = await self._peers.ask(self._peers.me, msg.Listdir(directory))
         except OSError as exc:
             if exc.errno != errno.EFBIG:
                 raise
             whole = await list_whole(self._peers, self._peers.me, directory)
             self._watch(directory, mtime, time.time_ns(), whole, home)
             raise
-        self._watch(directory, mtime, time.time_ns(), request.decode(listing), home)
+        self._watch(directory, mtime, time.time_ns(), listing, home)
         return listing
 
     def _watch(self, directory: str, mtime: int | None, listed_at: int, listing: list[DirEntry] | None,
@@ -104,7 +101,7 @@ class ExportWatcher:
         self._seen.move_to_end(directory)
         self._told[directory] = _told(listing or [])
         if home is not None:
-            self._asked_by[directory] = str(home)
+            self._asked_by[directory] = home
         if len(self._seen) > self._max:
             dropped, _ = self._seen.popitem(last=False)
             self._forget(dropped)
@@ -123,9 +120,12 @@ class ExportWatcher:
         self._told.pop(directory, None)
         self._unsettled.discard(directory)
 
+    async def op_rescan(self, request: msg.Rescan) -> int:
+        """`rescan`: a user who copied files into the export need not wait for the next scan."""
+        return await self.scan()
+
     async def scan(self) -> int:
-        """Send what changed in every watched directory whose mtime changed; returns how many were sent.
-        Also the `rescan` request: a user who copied files into the export need not wait a second."""
+        """Send what changed in every watched directory whose mtime changed; returns how many were sent."""
         async with self._scanning:
             return await self._scan()
 
@@ -145,13 +145,14 @@ class ExportWatcher:
             listed = _told(listing or [])
             before = self._told.get(directory, {})
             if mtime == seen:  # listed again only for a change its mtime may hide: names made or removed
-                changes = ([entry.to_wire() for entry in listing or [] if entry.name not in before]
-                           + [[name, None] for name in before if name not in listed])
+                changes = ([SyncEntry(*entry) for entry in listing or [] if entry.name not in before]
+                           + [SyncEntry(name, None) for name in before if name not in listed])
                 listed = {name: told for name, told in before.items() if name in listed} | {
                     name: told for name, told in listed.items() if name not in before}
             else:
-                changes = ([entry.to_wire() for entry in listing or [] if before.get(entry.name) != listed[entry.name]]
-                           + [[name, None] for name in before if name not in listed])
+                changes = ([SyncEntry(*entry) for entry in listing or []
+                            if before.get(entry.name) != listed[entry.name]]
+                           + [SyncEntry(name, None) for name in before if name not in listed])
             if changes:
                 try:
                     await self._peers.ask(home, msg.IndexSync(directory, self._peers.me, changes))
