@@ -13,6 +13,7 @@ import errno
 import hashlib
 import os
 import stat
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 import trio
 
 from gmountpy.node.index import CLAIM_GRACE, DirectoryIndex, ExportWatcher, IndexLocator
+from gmountpy.node.index import watcher as watcher_module
 from gmountpy.node.index.entries import Removals
 from gmountpy.node.namespace import Namespace
 from gmountpy.protocol import messages as msg
@@ -155,6 +157,37 @@ async def test_a_change_in_the_same_timestamp_tick_as_a_scan_is_seen_by_the_next
         assert sorted(await listed(cluster["n2"].namespace, directory)) == ["first", "second"]
 
 
+class WallClock:
+    """`time` for the watcher module: the wall clock, moved on by `ahead` nanoseconds."""
+
+    def __init__(self) -> None:
+        self.ahead = 0
+
+    def time_ns(self) -> int:
+        return time.time_ns() + self.ahead
+
+
+@trio_test(frozen_clock=True)
+async def test_a_change_in_the_tick_of_a_listing_whose_report_was_answered_late_is_seen(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As above, but the home answered the scan's report long after the listing (a busy home, a
+    slow link): the directory's mtime was recent as of the listing, and that is what counts --
+    not its age when the answer came."""
+    clock = WallClock()
+    monkeypatch.setattr(watcher_module, "time", clock)
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        directory, watcher = await watched_directory(cluster)
+        on_disk = cluster["n3"].path(directory)
+        (on_disk / "first").write_bytes(b"1")
+        seen = os.stat(on_disk)
+        async with sync_held_at(cluster, "n4", watcher, directory):  # listed: "first"
+            (on_disk / "second").write_bytes(b"2")  # in the listing's tick
+            os.utime(on_disk, ns=(seen.st_atime_ns, seen.st_mtime_ns))
+            clock.ahead = 2 * watcher_module.SETTLE_NS  # the report is answered this much later
+        await watcher.scan()
+        assert sorted(await listed(cluster["n2"].namespace, directory)) == ["first", "second"]
+
+
 @trio_test(frozen_clock=True)
 async def test_the_temporary_file_of_a_put_under_way_is_no_name_of_the_namespace(tmp_path: Path) -> None:
     """A put (the API, fsspec) writes a hidden temporary file beside its target and renames it
@@ -171,6 +204,7 @@ async def test_the_temporary_file_of_a_put_under_way_is_no_name_of_the_namespace
         assert await n1.pool.ask("n3", msg.Listdir(directory)) == []
         with pytest.raises(FileNotFoundError):
             await cluster["n2"].namespace.lookup(f"{directory}/{temporaries[0]}")
+        assert await n1.pool.ask("n3", msg.Lookup(f"{directory}/{temporaries[0]}")) is None  # (flood asks so)
         await n1.pool.ask("n3", msg.Write(handle, 0, b"data"))
         await n1.pool.ask("n3", msg.PutClose(handle, 4, hashlib.sha256(b"data").hexdigest()))
         await watcher.scan()
