@@ -27,7 +27,7 @@ from ..protocol.attr import Attr
 from ..protocol.codec import WireError
 from ..protocol.messages import ChecksumReply, DirEntry, LocateReply, OpendirReply, OpenReply, ReplicaSource
 from ..protocol.rpc import BadRequest, Session
-from .export import Export, off_loop, pread, pwrite, split_path, temporary_name
+from .export import Export, is_temporary_name, off_loop, pread, pwrite, split_path, temporary_name
 from .puts import PutJournal
 from .replicas import STAGED_XATTR, Replica, ReplicaTable, is_marked_copy
 
@@ -343,8 +343,9 @@ class NodeService:
 
     def lookup(self, path: str) -> Attr | None:
         """Attributes if this node holds `path`, None if not (a negative is not an error)."""
-        if self.replicas.is_staging_temporary(path) or path in self.puts:
-            return None  # a staging copy or a put in progress is nobody's file yet
+        if (self.replicas.is_staging_temporary(path) or path in self.puts
+                or is_temporary_name(path.rpartition("/")[2])):
+            return None  # a put's or a staging's copy in progress is nobody's file yet
         try:
             attr = self.export.lstat(path)
         except OSError as exc:
@@ -444,6 +445,8 @@ class NodeService:
             if _absent(exc):
                 return None
             raise
+        if any(".gmount-" in name for name, _ in entries):  # puts and stagings under way: nobody's files
+            entries = [(name, attr) for name, attr in entries if not is_temporary_name(name)]
         prefix = path.rstrip("/") + "/"
         if self.replicas.damaged is not None:
             return [DirEntry(name, attr) for name, attr in entries if not self._marked_copy(prefix + name, attr)]
