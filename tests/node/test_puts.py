@@ -59,7 +59,7 @@ def test_a_put_in_progress_is_in_no_lookup_nor_listing_and_its_note_goes_when_it
     assert listing is not None and [entry.name for entry in listing] == ["seen"]
     assert len(os.listdir(tmp_path / "puts")) == 1
     journal.end(temporary)
-    assert service.lookup(temporary) is not None  # no longer a put's (a name like any other)
+    assert service.lookup(temporary) is None  # a put's temporary by its name, whoever left it
     assert os.listdir(tmp_path / "puts") == []
 
 
