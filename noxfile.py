@@ -130,10 +130,12 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_dask.py", "--check")  # Dask tasks placed on their data vs Dask's own
     ensure_system_packages(session, ["make"])
     session.run("python", "benchmarks/bench_make.py")
-    if os.geteuid() == 0:  # the WAN benchmarks need network namespaces (root); reduced size here
+    if os.geteuid() == 0:  # the WAN benchmarks and the soak need network namespaces (root); reduced size here
         bench_wan(session, ["--quick"])
+        run_soak(session, ["--minutes", "5"])
     else:
-        session.warn("WAN benchmarks skipped: they need root (network namespaces); see benchmarks/README.md")
+        session.warn("WAN benchmarks and the soak skipped: they need root (network namespaces); "
+                     "see benchmarks/README.md")
 
 
 WAN_PACKAGES = ["iproute2", "iptables", "util-linux", "gcc", "libnetfilter-queue-dev", "libmnl-dev", "fio", "sshfs",
@@ -168,6 +170,20 @@ def bench_wan_session(session: nox.Session) -> None:
     """
     install_project(session)
     bench_wan(session, session.posargs)
+
+
+def run_soak(session: nox.Session, args: list[str]) -> None:
+    """The fault-injection soak (benchmarks/soak.py): make and Snakemake runs among its load, so both."""
+    ensure_system_packages(session, BASE_PACKAGES + WAN_PACKAGES + ["make"])
+    session.install(".[snakemake]")
+    session.run("python", "benchmarks/soak.py", *args)
+
+
+@nox.session
+def soak(session: nox.Session) -> None:
+    """The fault-injection soak, long (root: network namespaces): 30 minutes of faults unless
+    `-- --minutes N`; its report in benchmarks/results/soak.json, exit 1 on any failure."""
+    run_soak(session, session.posargs)
 
 
 def _pipeline(session: nox.Session, name: str) -> None:

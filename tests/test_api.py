@@ -200,8 +200,10 @@ def test_run_near_runs_on_the_holder(cluster4: LocalCluster, api: Cluster) -> No
         api.run("sleep 5", on="n1", timeout=0.3)
     with pytest.raises(ValueError, match="give `on` or `near`, not both"):
         api.run("true", on="n1", near=["/x"])
-    with pytest.raises(GmountError, match="not a directory in its mount"):
+    with pytest.raises(GmountError, match="no-such-dir in its mount .*: No such file or directory"):
         api.run("true", on="n1", cwd="/api-run/no-such-dir")
+    with pytest.raises(GmountError, match="input.txt is not a directory in its mount"):
+        api.run("true", on="n4", cwd="/api-run/input.txt")
 
 
 def test_sync_api_inside_running_event_loops(cluster4: LocalCluster, api: Cluster) -> None:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from gmountpy import launch
+from gmountpy import Cluster, GmountError, launch
 
 from .conftest import FOUR_NODE_LINKS, FOUR_NODES, fuse_problem, local_cluster, require, wait_for
 
@@ -57,6 +59,9 @@ def test_killed_node_fails_fast_and_the_rest_keeps_working(tmp_path: Path) -> No
         (through / "new-after-crash.txt").write_text("fine")
         status = {s.name: s.up for s in launch.status("kill9")}
         assert status == {"n1": True, "n2": True, "n3": False, "n4": True}
+        # a job for the dead node says why it cannot run (before: "/ is not a directory in its mount")
+        with pytest.raises(GmountError, match="n3: / in its mount .*: Transport endpoint is not connected"):
+            Cluster.open("kill9").run("true", on="n3")
         # exports are never harmed by a crash
         assert (cluster.export("n3") / "shared" / "from-n3.txt").read_text() == "n3" * 4_000_000
 
@@ -102,3 +107,36 @@ def test_up_again_restarts_a_crashed_node_and_its_files_reappear(tmp_path: Path)
         assert wait_for(lambda: through.exists() and through.read_text() == "back again", timeout=5)
         (cluster.mount("n3") / "written-after.txt").write_text("n3 serves again")
         assert wait_for(lambda: (cluster.mount("n2") / "written-after.txt").exists(), timeout=5)
+
+
+def test_an_open_file_whose_connection_broke_fails_with_eio_and_never_reaches_another_file(tmp_path: Path) -> None:
+    """A holder lets go of the handles of a connection that closes: an open file through that connection
+    is dead (as on a node that died) and says so with EIO. Its handle number is given again on the next
+    connection, to the next file opened: a read or write on the dead file must never reach that one."""
+    if shutil.which("ss") is None:
+        pytest.fail("ss (iproute2) is needed to close the daemons' connections")
+    with local_cluster(tmp_path, "connkill", FOUR_NODES, FOUR_NODE_LINKS, TUNING) as cluster:
+        (cluster.export("n2") / "first.bin").write_bytes(b"x" * 4_000_000)
+        (cluster.export("n2") / "second.bin").write_bytes(b"s" * 4_000_000)
+        cluster.rescan("n2")
+        first = os.open(cluster.mount("n1") / "first.bin", os.O_RDWR)  # handle 1 of n1's connection to n2
+        try:
+            assert os.pread(first, 4, 0) == b"xxxx"
+            record = cluster.state.nodes["n2"]
+            killed = subprocess.run(["ss", "-K", "-t", "dst", record.host, "dport", "=", f":{record.port}"],
+                                    capture_output=True, text=True)
+            assert killed.returncode == 0 and "ESTAB" in killed.stdout, killed.stdout + killed.stderr
+            time.sleep(2.5)  # past the 2 s the broken connection marks n2 down: the next request reconnects
+            second = os.open(cluster.mount("n1") / "second.bin", os.O_RDWR)  # handle 1 of the new connection
+            try:
+                for attempt in (lambda: os.pread(first, 4, 3_000_000), lambda: os.pwrite(first, b"OOPS", 0)):
+                    with pytest.raises(OSError) as info:  # before: second.bin's bytes, and a write into it
+                        attempt()
+                    assert info.value.errno == errno.EIO, info.value
+                assert os.pread(second, 4, 0) == b"ssss"
+            finally:
+                os.close(second)
+        finally:
+            os.close(first)
+        assert (cluster.export("n2") / "second.bin").read_bytes() == b"s" * 4_000_000
+        assert (cluster.mount("n1") / "first.bin").read_bytes() == b"x" * 4_000_000

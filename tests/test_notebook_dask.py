@@ -21,11 +21,24 @@ from gmountpy.cluster import state as state_store
 from gmountpy.launch import dask as dask_launch
 
 from .conftest import LocalCluster, fuse_problem, require
-from .test_notebook import _text
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "examples" / "notebook" / "dask.ipynb"
 
 pytest.importorskip("distributed")
+
+
+def _text(cell: Any) -> str:
+    """Everything a cell showed: streams, errors, plain text and HTML of its results."""
+    parts = []
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "stream":
+            parts.append(output["text"])
+        elif output.get("output_type") == "error":
+            parts.append("\n".join(output.get("traceback", [])))
+        else:
+            data = output.get("data", {})
+            parts += [data.get("text/plain", ""), data.get("text/html", "")]
+    return "\n".join(parts)
 
 
 def execute(tmp_path: Path, env: dict[str, str]) -> dict[str, Any]:

@@ -743,7 +743,7 @@ class Holder(Backend):
             await trio.sleep(self.open_delay)
             handle, self.next_handle = self.next_handle, self.next_handle + 1
             self.handles.add(handle)
-            return [handle, [0o100644, 1, 0, 0, 0, 0, 0, 0, 0, 4096, 0]]
+            return [handle, [0o100644, 1, 0, 0, 0, 0, 0, 0, 0, 4096, 0, 0, handle]]  # an Attr's 13 fields
         if op == "close":
             self.handles.remove(args[0])
             return None

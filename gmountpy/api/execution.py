@@ -7,6 +7,7 @@ import os
 import posixpath
 import shlex
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -82,8 +83,7 @@ class Execution:
             return spawning.start(node, command, where, argv, os.environ, over_ssh=True, stdout=stdout,
                                   stderr=stderr)
         where = os.path.join(node_spec.mountpoint, directory.lstrip("/"))
-        if not os.path.isdir(where):
-            raise GmountError(f"cannot run on node {node}: {directory} is not a directory in its mount ({where})")
+        _check_directory(node, directory, where)
         job_env = {**os.environ, **extra}
         return spawning.start(node, command, where, spawning.local_argv(command),
                               {**job_env, **bypass.job_environment(job_env)}, over_ssh=False, stdout=stdout,
@@ -97,8 +97,7 @@ class Execution:
                    capture: bool) -> RunResult:
         mountpoint = self._view.state.spec.nodes[node].mountpoint
         cwd = os.path.join(mountpoint, directory.lstrip("/"))
-        if not os.path.isdir(cwd):
-            raise GmountError(f"cannot run on node {node}: {directory} is not a directory in its mount ({cwd})")
+        _check_directory(node, directory, cwd)
         started = time.monotonic()
         pipe = subprocess.PIPE if capture else None
         env = {**os.environ, **self._command_env(node)}
@@ -174,3 +173,14 @@ def _text(data: bytes | str | None) -> str:
     if data is None:
         return ""
     return data if isinstance(data, str) else data.decode(errors="replace")
+
+
+def _check_directory(node: str, directory: str, where: str) -> None:
+    """A job runs in `directory` of `node`'s mount: say why it cannot (its error, e.g. the node's mount is
+    not connected, or that it is no directory), not only that it cannot."""
+    try:
+        is_dir = stat.S_ISDIR(os.stat(where).st_mode)
+    except OSError as exc:
+        raise GmountError(f"cannot run on node {node}: {directory} in its mount ({where}): {exc.strerror}") from None
+    if not is_dir:
+        raise GmountError(f"cannot run on node {node}: {directory} is not a directory in its mount ({where})")

@@ -55,9 +55,10 @@ from .locator import FloodLocator, Locator
 from .namespace import Namespace
 from .passthrough import Passthrough
 from .peers import PeerAddress, PeerPool
+from .puts import PutJournal
 from .replicas import ReplicaTable
 from .service import NodeService
-from .startup import LINE_PREFIX, default_log_path, replica_table_path
+from .startup import LINE_PREFIX, default_log_path, put_journal_path, replica_table_path
 
 log = logging.getLogger("gmountpy.node")
 
@@ -174,7 +175,7 @@ class NodeDaemon:
                 "mountpoint": self.node.mountpoint, "export": self.node.export}
         tuning = self.spec.tuning
         service = NodeService(self.export, info, replicas=ReplicaTable(replica_table_path(self.spec.name, self.me)),
-                              tuning=tuning)
+                              tuning=tuning, puts=PutJournal(put_journal_path(self.spec.name, self.me)))
         request_limits = rpc.RequestLimits(tuning.requests_per_connection, tuning.requests_per_node, self.me)
         readahead.NODE_BUDGET.limit = tuning.readahead_mib << 20
         _raise_file_limit(tuning.handles_per_node + 1024)  # the mount's own files and sockets besides

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 import uuid
 from collections.abc import Callable, Iterator
@@ -134,6 +135,15 @@ def temporary_name(path: str, kind: str) -> str:
     if len(raw) > room:
         name = raw[:room].decode("utf-8", "ignore")
     return f"{directory}{slash}.{name}{suffix}"
+
+
+_TEMPORARY = re.compile(r"\..*\.gmount-[a-z]+-[0-9a-f]{8}", re.DOTALL)
+
+
+def is_temporary_name(name: str) -> bool:
+    """Whether `name` (one path component) is a `temporary_name`: a file a put or a staging is
+    writing, nobody's file until it is renamed into place (no listing or lookup shows it)."""
+    return ".gmount-" in name and _TEMPORARY.fullmatch(name) is not None
 
 
 def open_special_safely(open_call: Callable[[int], int], flags: int) -> int:

@@ -109,12 +109,18 @@ class Namespace:
         #: Called when another node created a path (the FUSE layer drops the kernel's
         #: negative entries there).
         self.on_created_elsewhere: Callable[[str, bool], Awaitable[None]] | None = None
+        #: path -> set when the close of a handle that wrote it has told the locator its final
+        #: attributes (see `release`)
+        self._releasing: dict[str, trio.Event] = {}
 
     # -- finding -------------------------------------------------------------
 
     async def lookup(self, path: str) -> Location:
         if path == "/":
             return Location(self.me, self.export.lstat("/"))
+        releasing = self._releasing.get(path)
+        if releasing is not None:  # written here and being closed: its new attributes first
+            await releasing.wait()
         location = await self.locator.find(path)
         if location is None:
             raise _enoent(path)
@@ -261,7 +267,8 @@ class Namespace:
             opened = FileHandle(path, location.node, reply.attr, remote=reply.handle)
             if self._nursery is not None:
                 reader = opened
-                opened.reader = ReadAhead(lambda off, size: self._read_remote(reader, off, size), self._nursery)
+                opened.reader = ReadAhead(lambda off, size: self._read_remote(reader, off, size), self._nursery,
+                                          size=reply.attr.size)
         if flags & os.O_TRUNC:  # the size cached before the open is wrong now
             self.locator.learn(path, Location(opened.node, opened.attr))
             await self.locator.announce_changed(path, Location(opened.node, opened.attr))
@@ -408,6 +415,20 @@ class Namespace:
         name must not come back.
         """
         path = handle.path if named else None
+        if path is None or not handle.wrote:
+            return await self._release(handle, path)
+        # The kernel sends the release after close(2) has returned, and a `stat` right after the
+        # close must not be answered from what this node's locator, or the directory's home,
+        # knew before the writes: a lookup of `path` here waits until this has told them.
+        self._releasing[path] = done = trio.Event()
+        try:
+            return await self._release(handle, path)
+        finally:
+            done.set()
+            if self._releasing.get(path) is done:
+                del self._releasing[path]
+
+    async def _release(self, handle: FileHandle, path: str | None) -> Attr | None:
         final: Attr | None = None
         if handle.fd is not None:
             if handle.wrote:

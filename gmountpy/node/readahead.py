@@ -7,12 +7,18 @@ holder streams while the kernel consumes. Random reads are passed through
 at exactly the offset and size asked for (Montage's mConcatFit reads small
 pieces of many files: fetching whole blocks there would waste bandwidth).
 
+The holder sends each byte of a sequential read once: the first block is
+fetched from where the reader has got to (not again from the block's
+start), the last, short block is kept like the others, and nothing is read
+ahead past the end of the file as known (its size at open, or the end a
+reply showed). A file that grows is still read to its new end: a read past
+the known end asks the holder for what follows it.
+
 Blocks belong to one open handle and die with it (close-to-open); they are
-dropped when the file is written through any handle of this node. The last,
-short block of the file is never kept: a file that grows after a read hit
-its end is read to its new end. All handles of a node draw their blocks from
-one MemoryBudget (tuning.readahead_mib): when it is spent, reads go straight
-to the holder, exactly as asked, until blocks are freed -- slower, never an error.
+dropped when the file is written through any handle of this node. All
+handles of a node draw their blocks from one MemoryBudget
+(tuning.readahead_mib): when it is spent, reads go straight to the holder,
+exactly as asked, until blocks are freed -- slower, never an error.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import errno
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from typing import NamedTuple
 
 import trio
 
@@ -61,22 +68,37 @@ NODE_BUDGET = MemoryBudget(256 << 20)
 
 
 class _Pending:
-    def __init__(self) -> None:
+    def __init__(self, base: int) -> None:
+        self.base = base  # the first byte asked for: the block's start, or where the reader had got to
         self.done = trio.Event()
         self.data: bytes | None = None
         self.error: BaseException | None = None
 
 
+class _Block(NamedTuple):
+    """Bytes [base, base + len(data)) of one aligned block; shorter than the block at the file's end."""
+
+    base: int
+    data: bytes
+
+    @property
+    def stop(self) -> int:
+        return self.base + len(self.data)
+
+
 class ReadAhead:
-    def __init__(self, fetch: Fetch, nursery: trio.Nursery, budget: MemoryBudget | None = None) -> None:
+    """The read-ahead of one open handle of a remote file whose size at open was `size` (None: unknown)."""
+
+    def __init__(self, fetch: Fetch, nursery: trio.Nursery, budget: MemoryBudget | None = None,
+                 size: int | None = None) -> None:
         self._fetch = fetch
         self._nursery = nursery
         self._budget = budget if budget is not None else NODE_BUDGET
-        self._blocks: OrderedDict[int, bytes] = OrderedDict()
+        self._blocks: OrderedDict[int, _Block] = OrderedDict()
         self._pending: dict[int, _Pending] = {}
         self._next_offset = -1
         self._streak = 0
-        self._eof_block: int | None = None
+        self._end = size  # the file's end as last known: nothing is read ahead from there on
         self._generation = 0
         self._scopes: set[trio.CancelScope] = set()
 
@@ -88,27 +110,30 @@ class ReadAhead:
             return b""
         if self._streak < SEQUENTIAL_AFTER and not self._covered(offset, size):
             return await self._fetch(offset, size)
-        first, last = offset // BLOCK, (offset + size - 1) // BLOCK
-        parts = []
-        for index in range(first, last + 1):
-            data = await self._block(index)
-            if data is None:  # no budget for a block: this read goes to the holder as it is
-                return await self._fetch(offset, size)
-            parts.append(data)
-            if len(data) < BLOCK:
-                self._eof_block = index
+        end = offset + size
+        parts: list[bytes] = []
+        position = offset
+        while position < end:
+            found = await self._bytes_at(position)
+            if found is None:  # no budget for a block: the rest of this read goes to the holder as it is
+                parts.append(await self._fetch(position, end - position))
                 break
-        self._prefetch(last + 1)
-        start = offset - first * BLOCK
-        return b"".join(parts)[start:start + size]
+            block, fresh = found
+            piece = block.data[position - block.base:min(end, block.stop) - block.base]
+            parts.append(piece)
+            position += len(piece)
+            if not piece or (fresh and block.stop < _block_end(block.base)):
+                break  # the end of the file, as the holder has just said
+        self._prefetch((end - 1) // BLOCK + 1)
+        return b"".join(parts)
 
     def invalidate(self) -> None:
-        """The file was written through this node: cached blocks may be stale."""
+        """The file was written through this node: cached blocks, and the end known, may be stale."""
         self._budget.give(BLOCK * len(self._blocks))  # pending blocks give theirs back when they finish
         self._blocks.clear()
         self._pending.clear()
         self._generation += 1
-        self._eof_block = None
+        self._end = None
 
     def close(self) -> None:
         """The handle is closing: stop fetching for it."""
@@ -117,40 +142,52 @@ class ReadAhead:
         self.invalidate()
 
     def _covered(self, offset: int, size: int) -> bool:
-        first, last = offset // BLOCK, (offset + size - 1) // BLOCK
-        return all(i in self._blocks for i in range(first, last + 1))
+        position, end = offset, offset + size
+        while position < end:
+            block = self._blocks.get(position // BLOCK)
+            if block is None or not block.base <= position < block.stop:
+                return False
+            position = block.stop
+        return True
 
-    async def _block(self, index: int) -> bytes | None:
+    async def _bytes_at(self, position: int) -> tuple[_Block, bool] | None:
+        """The block holding `position` (its bytes from `position` on, at least), and whether it was
+        fetched for this read; None without budget for a block."""
+        index = position // BLOCK
         cached = self._blocks.get(index)
-        if cached is not None:
+        if cached is not None and cached.base <= position < cached.stop:
             self._blocks.move_to_end(index)
-            return cached
+            return cached, False
+        # Not kept, or past the end of a short block (the end of the file when it was fetched): ask the
+        # holder, from `position` on (a file read past its end may have grown).
         pending = self._pending.get(index)
-        if pending is None:
-            # Asked for explicitly: fetch even past the end seen so far (the file may have grown).
-            pending = self._start(index, explicit=True)
+        if pending is None or pending.base > position:
+            pending = self._start(index, position)
             if pending is None:
-                return None  # no budget for a block
+                return None
         await pending.done.wait()
         if pending.error is not None:
             raise pending.error
         assert pending.data is not None
-        return pending.data
+        merged = self._blocks.get(index)  # the tail just fetched, joined to what was kept before it
+        if merged is not None and merged.base <= position < merged.stop:
+            return merged, True
+        return _Block(pending.base, pending.data), True
 
     def _prefetch(self, start: int) -> None:
         for index in range(start, start + AHEAD):
+            if self._end is not None and index * BLOCK >= self._end:
+                break  # do not read ahead past the end
             if index in self._blocks or index in self._pending:
                 continue
-            if self._start(index) is None:
+            if self._start(index, index * BLOCK) is None:
                 break
 
-    def _start(self, index: int, explicit: bool = False) -> _Pending | None:
-        """Fetch a block in the background; None past the end seen so far (unless asked for) or without budget."""
-        if not explicit and self._eof_block is not None and index >= self._eof_block:
-            return None  # do not read ahead past the end
+    def _start(self, index: int, base: int) -> _Pending | None:
+        """Fetch bytes [base, end of block `index`) in the background; None without budget."""
         if not self._budget.take(BLOCK):
             return None
-        pending = self._pending[index] = _Pending()
+        pending = self._pending[index] = _Pending(base)
         self._nursery.start_soon(self._run, index, pending, self._generation)
         return pending
 
@@ -159,7 +196,7 @@ class ReadAhead:
         self._scopes.add(scope)
         try:
             with scope:
-                pending.data = await self._fetch(index * BLOCK, BLOCK)
+                pending.data = await self._fetch(pending.base, _block_end(pending.base) - pending.base)
             if scope.cancelled_caught:
                 pending.error = OSError(errno.EBADF, "file closed while reading ahead")
         except Exception as exc:  # delivered to whoever waits for this block
@@ -169,18 +206,29 @@ class ReadAhead:
             if self._pending.get(index) is pending:
                 del self._pending[index]
             if pending.data is not None and generation == self._generation:
-                if len(pending.data) < BLOCK:
-                    self._eof_block = index  # the end, for now: delivered, not kept
-                    self._budget.give(BLOCK)
-                else:
-                    if index in self._blocks:
-                        self._budget.give(BLOCK)  # replaces a block that holds budget already
-                    self._blocks[index] = pending.data
-                    if self._eof_block is not None and index >= self._eof_block:
-                        self._eof_block = None  # the file grew
-                while len(self._blocks) > KEEP:
-                    self._blocks.popitem(last=False)
-                    self._budget.give(BLOCK)
+                self._keep(index, _Block(pending.base, pending.data))
             else:
                 self._budget.give(BLOCK)
             pending.done.set()
+
+    def _keep(self, index: int, block: _Block) -> None:
+        """Keep a fetched block (it holds one BLOCK of budget) and learn the file's end from it."""
+        if block.stop < _block_end(block.base):
+            self._end = block.stop  # the holder had no more: the end, for now
+        elif self._end is not None and block.stop > self._end:
+            self._end = None  # the file grew past its known end: read ahead until a reply shows the new one
+        old = self._blocks.get(index)
+        if old is not None:
+            self._budget.give(BLOCK)  # replaces (or extends) a block that holds budget already
+            if old.base < block.base <= old.stop:  # a tail fetched after a short block: join them
+                block = _Block(old.base, old.data[:block.base - old.base] + block.data)
+        self._blocks[index] = block
+        self._blocks.move_to_end(index)
+        while len(self._blocks) > KEEP:
+            self._blocks.popitem(last=False)
+            self._budget.give(BLOCK)
+
+
+def _block_end(offset: int) -> int:
+    """The end of the aligned block holding `offset`."""
+    return (offset // BLOCK + 1) * BLOCK

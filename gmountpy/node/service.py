@@ -28,7 +28,8 @@ from ..protocol.attr import Attr
 from ..protocol.codec import WireError
 from ..protocol.messages import ChecksumReply, DirEntry, LocateReply, OpendirReply, OpenReply, ReplicaSource
 from ..protocol.rpc import BadRequest, Session
-from .export import Export, off_loop, pread, pwrite, split_path, temporary_name
+from .export import Export, is_temporary_name, off_loop, pread, pwrite, split_path, temporary_name
+from .puts import PutJournal
 from .replicas import STAGED_XATTR, Replica, ReplicaTable, is_marked_copy
 
 log = logging.getLogger(__name__)
@@ -252,10 +253,12 @@ class NodeService:
     """
 
     def __init__(self, export: Export, info: dict[str, Any], extra: msg.Operations | None = None,
-                 replicas: ReplicaTable | None = None, *, tuning: Tuning | None = None) -> None:
+                 replicas: ReplicaTable | None = None, *, tuning: Tuning | None = None,
+                 puts: PutJournal | None = None) -> None:
         self.export = export
         self.usage = _NodeUsage(str(info.get("node", "this node")), tuning or Tuning())
         self.replicas = replicas if replicas is not None else ReplicaTable()
+        self.puts = puts if puts is not None else PutJournal()
         self._remove_leftover_temporaries()
         self.info = info
         self.counters = IOCounters()
@@ -311,17 +314,18 @@ class NodeService:
         return result  # type: ignore[no-any-return]
 
     def _remove_leftover_temporaries(self) -> None:
-        """Stagings interrupted by a crash left their temporary copies: never show them as files."""
-        leftovers = self.replicas.leftover_temporaries()
-        for temporary in leftovers:
+        """Stagings and puts interrupted by a crash left their temporary files: never show them as files."""
+        stagings, puts = self.replicas.leftover_temporaries(), self.puts.leftovers()
+        for temporary, what in [*((t, "staging") for t in stagings), *((t, "put") for t in puts)]:
             try:
                 self.export.unlink(temporary)
-                log.info("removed %s, left over from an interrupted staging", temporary)
+                log.info("removed %s, left over from an interrupted %s", temporary, what)
             except FileNotFoundError:
                 pass
             except OSError as exc:
-                log.warning("cannot remove %s, left over from an interrupted staging: %s", temporary, exc)
-        self.replicas.end_staging(leftovers)
+                log.warning("cannot remove %s, left over from an interrupted %s: %s", temporary, what, exc)
+        self.replicas.end_staging(stagings)
+        self.puts.forget(puts)
 
     def _handles(self, session: Session) -> _Handles:
         handles = session.data.get("handles")
@@ -349,8 +353,9 @@ class NodeService:
 
     def lookup(self, path: str) -> Attr | None:
         """Attributes if this node holds `path`, None if not (a negative is not an error)."""
-        if self.replicas.is_staging_temporary(path):
-            return None  # a staging copy in progress is nobody's file yet
+        if (self.replicas.is_staging_temporary(path) or path in self.puts
+                or is_temporary_name(path.rpartition("/")[2])):
+            return None  # a put's or a staging's copy in progress is nobody's file yet
         try:
             attr = self.export.lstat(path)
         except OSError as exc:
@@ -443,21 +448,23 @@ class NodeService:
 
     def listing(self, path: str) -> list[DirEntry] | None:
         """This node's entries of directory `path` (None: no such directory here), staged replicas
-        with their source node, staging copies left out."""
+        with their source node, staging copies and puts' temporaries left out."""
         try:
             entries = self.export.listdir(path)
         except OSError as exc:
             if _absent(exc):
                 return None
             raise
+        if any(".gmount-" in name for name, _ in entries):  # puts and stagings under way: nobody's files
+            entries = [(name, attr) for name, attr in entries if not is_temporary_name(name)]
         prefix = path.rstrip("/") + "/"
         if self.replicas.damaged is not None:
             return [DirEntry(name, attr) for name, attr in entries if not self._marked_copy(prefix + name, attr)]
-        if not len(self.replicas) and not self.replicas.leftover_temporaries():
+        if not len(self.replicas) and not self.replicas.leftover_temporaries() and not len(self.puts):
             return [DirEntry(name, attr) for name, attr in entries]
         result: list[DirEntry] = []
         for name, attr in entries:
-            if self.replicas.is_staging_temporary(prefix + name):
+            if self.replicas.is_staging_temporary(prefix + name) or prefix + name in self.puts:
                 continue
             replica = self.replica(prefix + name, attr) if self.replicas.get(prefix + name) else None
             result.append(DirEntry(name, attr, None if replica is None else replica.source))
@@ -585,7 +592,13 @@ class NodeService:
         temporary = temporary_name(path, "put")
         handles.check_room_for_file()
         made: list[str] = []
-        fd = await off_loop(self.export.create, temporary, os.O_RDWR | os.O_EXCL, request.mode & 0o7777, True, made)
+        await off_loop(self.puts.begin, temporary)  # before the file: a crash in between leaves it nothing to find
+        try:
+            fd = await off_loop(self.export.create, temporary, os.O_RDWR | os.O_EXCL, request.mode & 0o7777, True,
+                                made)
+        except BaseException:
+            self.puts.end(temporary)
+            raise
         handle = handles.add(fd)
         handles.puts[handle] = _Put(path, temporary, tuple(made))
         return handle
@@ -604,10 +617,10 @@ class NodeService:
                 written, digest = await off_loop(sync_and_hash, fd)
         except BaseException:
             with trio.CancelScope(shield=True):
-                await off_loop(self._unlink_quietly, put.temporary)
+                await off_loop(self._remove_temporary, put.temporary)
             raise
         if (written, digest) != (size, sha256):
-            await off_loop(self._unlink_quietly, put.temporary)
+            await off_loop(self._remove_temporary, put.temporary)
             raise OSError(errno.EIO, f"{put.path}: {written} bytes with sha256 {digest[:16]}... landed on disk, "
                                      f"expected {size} bytes with sha256 {sha256[:16]}...; write it again")
         attr = await off_loop(self._finish_put, put)
@@ -620,8 +633,9 @@ class NodeService:
         try:
             self.export.rename(put.temporary, put.path)
         except BaseException:
-            self._unlink_quietly(put.temporary)
+            self._remove_temporary(put.temporary)
             raise
+        self.puts.end(put.temporary)
         self.replicas.forget(put.path)  # a replica overwritten here is now this node's own file
         self.export.sync_parents(put.path, list(put.made))
         return self.export.lstat(put.path)
@@ -631,7 +645,7 @@ class NodeService:
         put = self._put(handles, request.handle)
         del handles.puts[request.handle]
         handles.close(request.handle)  # at once, or when the last write running on it returns
-        await off_loop(self._unlink_quietly, put.temporary)
+        await off_loop(self._remove_temporary, put.temporary)
 
     @staticmethod
     def _put(handles: _Handles, handle: int) -> _Put:
@@ -643,13 +657,19 @@ class NodeService:
     def _drop_puts(self, handles: _Handles) -> None:
         """The connection ended mid-put: remove the temporary files (close_all closes their fds)."""
         for put in handles.puts.values():
-            self._unlink_quietly(put.temporary)
+            self._remove_temporary(put.temporary)
 
-    def _unlink_quietly(self, path: str) -> None:
+    def _remove_temporary(self, temporary: str) -> None:
+        """A put is over without its file: its temporary goes (if it can: a note left means the next start
+        tries again)."""
         try:
-            self.export.unlink(path)
-        except OSError:
+            self.export.unlink(temporary)
+        except FileNotFoundError:
             pass
+        except OSError as exc:
+            log.warning("cannot remove %s, the temporary file of a put given up: %s", temporary, exc)
+            return
+        self.puts.end(temporary)
 
 
 def sync_and_hash(fd: int) -> tuple[int, str]:

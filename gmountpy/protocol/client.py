@@ -13,6 +13,15 @@ and whose reply came after its caller gave up (a timeout, a cancelled read)
 is undone on the same connection (`close`, `closedir`, `put_abort`), so lost
 replies leave no descriptor behind on the node (LATE_REPLY_RELEASES).
 
+A node keeps the handles it gave (open files, listings, puts) per connection,
+numbered from 1 on each, and lets go of them when that connection closes. So
+the client hands its callers handles of its own, unique for its life, and keeps
+which connection gave each and the node's number for it: a request on a handle
+whose connection has closed since (it broke, or the node was restarted) fails
+with EIO saying so. It never reaches the node, where the same number may name
+another file by now, opened on the new connection. Letting go of such a handle
+(`close`, `closedir`, `put_abort`) succeeds at once: the node did it already.
+
 `call`/`ask` and `run_sync` are the short forms for one request from
 synchronous code (a short-lived trio run per call).
 """
@@ -29,10 +38,10 @@ from typing import Any, TypeVar
 import trio
 
 from .._trio import open_nursery
-from ..cluster.state import ClusterState, load_secret, load_tls, load_tls_ca_key
+from ..cluster.state import ClusterState, load_secret, load_tls, load_tls_ca_key, load_tls_client
 from ..errors import GmountError, NodeUnavailable, PeerUnavailable
 from . import rpc
-from .messages import Close, Closedir, Open, Opendir, Ping, PingReply, PutAbort, PutOpen, R, Request
+from .messages import REQUESTS, Close, Closedir, Open, Opendir, Ping, PingReply, PutAbort, PutClose, PutOpen, R, Request
 from .tls import ClusterCA, NodeCredentials, client_context, expiring
 
 __all__ = ["ClusterClient", "ask", "call", "client_ssl", "open_client", "ping_all", "run_sync"]
@@ -61,6 +70,32 @@ def _release_put(reply: Any) -> tuple[str, list[Any]]:
 LATE_REPLY_RELEASES: dict[str, rpc.Release] = {
     Open.op: _release_open, Opendir.op: _release_opendir, PutOpen.op: _release_put,
 }
+
+
+def _handle_of(op: str, reply: Any) -> int | None:
+    """The node's handle in a reply to `op` (None: `op` gives none, or this reply has none).
+
+    On the wire an `OpenReply` and an `OpendirReply` are arrays with the handle first, a `put_open` reply is
+    the handle itself (protocol/codec.py)."""
+    if op == PutOpen.op:
+        return reply if type(reply) is int else None
+    if op in (Open.op, Opendir.op) and isinstance(reply, list | tuple) and reply and type(reply[0]) is int:
+        return reply[0]
+    return None
+
+
+def _with_handle(op: str, reply: Any, handle: int) -> Any:
+    """`reply` (in its wire form) with the node's handle replaced by the client's."""
+    if op == PutOpen.op:
+        return handle
+    return [handle, *list(reply)[1:]]
+
+
+#: Requests whose first argument is a handle a node gave (read, write, close, readdir, put_close, ...).
+ON_HANDLE = frozenset(op for op, kind in REQUESTS.items() if list(vars(kind)["__dataclass_fields__"])[:1] == ["handle"])
+#: Of those, the ones that let go of it (nothing left to do when the node let go already), and all that end it.
+LETS_GO = frozenset({Close.op, Closedir.op, PutAbort.op})
+ENDS = LETS_GO | {PutClose.op}
 
 
 class ClusterClient:
@@ -99,6 +134,9 @@ class ClusterClient:
         self._addresses: dict[str, Address] = dict(addresses or {})
         self._connections: dict[str, rpc.RpcClient] = {}
         self._locks: dict[str, trio.Lock] = {}
+        # the client's handle -> (node, the connection that gave it, the node's number for it)
+        self._handles: dict[int, tuple[str, rpc.RpcClient, int]] = {}
+        self._last_handle = 0
 
     @property
     def secret(self) -> bytes:
@@ -133,11 +171,36 @@ class ClusterClient:
     async def call(self, node: str, op: str, *args: Any, timeout: float | None = None) -> Any:
         """Run `op` on `node`; its errors come back as OSError, an unreachable node as PeerUnavailable."""
         connection = await self.connection(node)
+        ours = args[0] if op in ON_HANDLE and args and type(args[0]) is int else None
+        if ours is not None:
+            found = self._handles.get(ours)
+            if found is None or found[0] != node:
+                if op in LETS_GO:
+                    return None
+                raise OSError(errno.EBADF, f"no open handle {ours} on node {node}")
+            if found[1] is not connection:  # the node let go of it with that connection
+                if op in ENDS:
+                    del self._handles[ours]
+                if op in LETS_GO:
+                    return None
+                raise OSError(errno.EIO, f"node {node} no longer holds this open file: the connection it was "
+                                         f"opened on closed (the connection broke, or the node was restarted); "
+                                         f"open it again")
+            args = (found[2], *args[1:])
         try:
-            return await connection.call(op, *args, timeout=timeout or self.rpc_timeout)
+            reply = await connection.call(op, *args, timeout=timeout or self.rpc_timeout)
         except PeerUnavailable as exc:
             self._failed(node, exc)
             raise self._translate(node, exc) from None
+        finally:
+            if ours is not None and op in ENDS:
+                self._handles.pop(ours, None)
+        theirs = _handle_of(op, reply)
+        if theirs is None:
+            return reply
+        self._last_handle += 1
+        self._handles[self._last_handle] = (node, connection, theirs)
+        return _with_handle(op, reply, self._last_handle)
 
     async def ask(self, node: str, request: Request[R], *, timeout: float | None = None) -> R:
         """`call` with a typed request (gmountpy.protocol.messages): the reply comes back checked and typed."""
@@ -196,17 +259,21 @@ class ClusterClient:
         return NodeUnavailable(node, reason + advice, exc.errno or errno.EHOSTDOWN)
 
 
+#: The name clients outside the cluster give in their hello (and their certificates are made for).
+CLIENT_NAME = "gmount-client"
+
 #: (cluster, CA certificate, client name, secret given) -> the certificate this process presents.
 _client_certificates: dict[tuple[str, str, str, bytes | None], NodeCredentials] = {}
 
 
-def client_ssl(state: ClusterState, name: str = "gmount-client", secret: bytes | None = None
+def client_ssl(state: ClusterState, name: str = CLIENT_NAME, secret: bytes | None = None
                ) -> ssl.SSLContext | None:
     """The TLS context for talking to this cluster's daemons as `name` (None when it does not use TLS).
 
     Daemons ask for a client certificate: this process makes itself one for
     `name`, valid a day, from the CA key the launcher keeps beside the cluster
-    state (mode 0600, like the secret).
+    state (mode 0600, like the secret); where the launcher gave a certificate
+    instead of the key (a remote node running Dask), that one (see client_name).
     """
     if not state.spec.tls:
         return None
@@ -215,11 +282,17 @@ def client_ssl(state: ClusterState, name: str = "gmount-client", secret: bytes |
     credentials = _client_certificates.get(key)
     if credentials is None or expiring(credentials.cert, datetime.timedelta(hours=1)):
         ca_key = load_tls_ca_key(state.name)
-        if ca_key is None:
-            raise GmountError(f"cluster {state.name!r} uses TLS, but the key of its CA is not kept in this user's "
-                              "state: a client cannot get a certificate; run `gmount down` and `gmount up` again")
-        credentials = _client_certificates[key] = ClusterCA(ca_pem, ca_key).issue_client(
-            name, secret=secret if secret is not None else load_secret(state.name))
+        kept = load_tls_client(state.name)
+        if ca_key is not None:
+            credentials = ClusterCA(ca_pem, ca_key).issue_client(
+                name, secret=secret if secret is not None else load_secret(state.name))
+        elif kept is not None and kept[0] == name:  # given by the launcher to a node without the CA key
+            credentials = NodeCredentials(ca_pem, kept[1], kept[2])
+        else:
+            raise GmountError(f"cluster {state.name!r} uses TLS, but neither the key of its CA nor a client "
+                              "certificate is kept in this user's state: a client cannot connect; run "
+                              "`gmount down` and `gmount up` again")
+        _client_certificates[key] = credentials
     return client_context(ca_pem, credentials)
 
 
@@ -230,8 +303,18 @@ def status_advice(state: ClusterState) -> str:
             f"`gmount up {source}` restarts the ones that stopped")
 
 
+def client_name(state: ClusterState, name: str) -> str:
+    """The name a client gives in its hello: `name`, unless this process can present only the client
+    certificate the launcher gave it -- then the name that certificate was made for."""
+    if state.spec.tls and load_tls_ca_key(state.name) is None:
+        kept = load_tls_client(state.name)
+        if kept is not None:
+            return kept[0]
+    return name
+
+
 @asynccontextmanager
-async def open_client(state: ClusterState, *, name: str = "gmount-client", secret: bytes | None = None,
+async def open_client(state: ClusterState, *, name: str = CLIENT_NAME, secret: bytes | None = None,
                       rpc_timeout: float = 10.0, connect_timeout: float = 3.0,
                       advise: bool = True) -> AsyncIterator[ClusterClient]:
     """A ClusterClient for a running cluster, its connections closed on exit.
@@ -239,6 +322,7 @@ async def open_client(state: ClusterState, *, name: str = "gmount-client", secre
     `advise=False` leaves the advice out of errors (for `gmount status` itself).
     """
     key = secret if secret is not None else load_secret(state.name)
+    name = client_name(state, name)
     async with open_nursery() as nursery:
         client = ClusterClient(nursery, key, name=name, cluster=state.name, ssl_context=client_ssl(state, name, key),
                                addresses={n: (r.host, r.port) for n, r in state.nodes.items()},

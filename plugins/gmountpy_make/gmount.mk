@@ -24,6 +24,8 @@
 #   GMOUNT_RECIPE_SHELL   the shell recipes run in on their node (default /bin/sh)
 #   GMOUNT_SH             the wrapper (default: gmount-job beside this file, else the Python gmount-sh)
 #   GMOUNT_SH_FALLBACK    the Python gmount-sh (default: installed beside this file's Python, else on PATH)
+#   GMOUNT_PRELOAD        the bypass library preloaded into recipes (default: the installed one; empty: none)
+#   GMOUNT_BYPASS         0 (off, no, false): recipes go through the mount for their node's files too
 
 ifndef GMOUNT_MK_INCLUDED
 GMOUNT_MK_INCLUDED := 1
@@ -58,6 +60,11 @@ export GMOUNT_PLACEMENT_LOG
 
 GMOUNT_RECIPE_SHELL ?= /bin/sh
 export GMOUNT_RECIPE_SHELL
+
+# The local bypass (docs/bypass.md): gmount-job preloads this library into recipes it runs on this
+# machine, so they read and write their node's own files at disk speed; GMOUNT_BYPASS=0 turns it off.
+GMOUNT_PRELOAD ?= $(abspath $(wildcard $(GMOUNT_MK_DIR)../gmountpy/jobs/libgmount_preload.so))
+export GMOUNT_PRELOAD
 
 # make -n prints recipes, it does not run them: say once where to see their nodes.
 ifeq ($(MAKELEVEL)$(MAKE_RESTARTS),0)

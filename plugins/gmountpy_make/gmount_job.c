@@ -36,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -518,6 +519,47 @@ static int private_variable(const char *entry) {
     return 0;
 }
 
+/* GMOUNT_BYPASS set to 0, off, no or false (any case) where make runs: recipes keep to the mount. */
+static int bypass_off(void) {
+    const char *value = getenv("GMOUNT_BYPASS");
+    static const char *off[] = {"0", "off", "no", "false"};
+    if (!value)
+        return 0;
+    while (*value == ' ' || *value == '\t')
+        value++;
+    for (size_t i = 0; i < sizeof off / sizeof off[0]; i++)
+        if (strncasecmp(value, off[i], strlen(off[i])) == 0 && value[strlen(off[i])] == '\0')
+            return 1;
+    return 0;
+}
+
+/* LD_PRELOAD for a recipe run on this machine: the bypass library first, then what was preloaded
+ * already (as gmountpy.jobs.bypass.preload_value); NULL when off or not built. */
+static char *preload_entry(void) {
+    const char *lib = getenv("GMOUNT_PRELOAD");
+    if (!lib || !*lib || bypass_off() || access(lib, R_OK) != 0)
+        return NULL;
+    const char *current = getenv("LD_PRELOAD");
+    if (!current)
+        current = "";
+    char *entry = malloc(strlen("LD_PRELOAD=") + strlen(lib) + 1 + strlen(current) + 1);
+    if (!entry)
+        return NULL;
+    strcpy(entry, "LD_PRELOAD=");
+    strcat(entry, lib);
+    for (const char *p = current; *p;) {  /* the entries already there, without the library twice */
+        size_t skip = strspn(p, " :"), len;
+        p += skip;
+        len = strcspn(p, " :");
+        if (len && !(len == strlen(lib) && strncmp(p, lib, len) == 0)) {
+            strcat(entry, " ");
+            strncat(entry, p, len);
+        }
+        p += len;
+    }
+    return entry;
+}
+
 static char *joined(const char *name, const char *value) {
     char *s = malloc(strlen(name) + strlen(value) + 2);
     if (!s) {
@@ -534,15 +576,18 @@ static int run_here(char **args, const char *target, const placement *where) {
     size_t count = 0;
     while (environ[count])
         count++;
-    char **env = malloc((count + 5) * sizeof *env);
+    char **env = malloc((count + 6) * sizeof *env);
     if (!env) {
         say("out of memory");
         exit(2);
     }
+    char *preload = preload_entry();
     size_t n = 0;
     for (size_t i = 0; i < count; i++)
-        if (!private_variable(environ[i]))
+        if (!private_variable(environ[i]) && !(preload && strncmp(environ[i], "LD_PRELOAD=", 11) == 0))
             env[n++] = environ[i];
+    if (preload)
+        env[n++] = preload;
     env[n++] = joined("GMOUNT_NODE", where->node);
     env[n++] = joined("GMOUNT_SITE", where->site);
     env[n++] = joined("GMOUNT_CLUSTER", where->cluster);

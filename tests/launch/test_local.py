@@ -65,7 +65,7 @@ def test_sigterm_unmounts_and_status_shows_the_node_down(tmp_path: Path) -> None
     with local_cluster(tmp_path, "term", FOUR_NODES, FOUR_NODE_LINKS) as cluster:
         victim = cluster.state.nodes["n3"]
         os.kill(victim.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # a loaded machine: the unmount and exit can take seconds
         while pid_is_daemon(victim.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not pid_is_daemon(victim.pid)

@@ -256,12 +256,12 @@ def test_never_ready_stops_the_daemons_already_started(sshd: Sshd, tmp_path: Pat
     silent = write_silent_python(tmp_path / "silent-python")
     names = [f"n{i}" for i in range(1, 10)]
     spec = load_spec(sshd.cluster_file(tmp_path, "ssh-silent", {"a": names[:5], "b": names[5:]}, [("a", "b", 5.0)],
-                                       nodes={"n4": {"python": str(silent)}}, tuning={"ready_timeout": 6.0}))
+                                       nodes={"n4": {"python": str(silent)}}, tuning={"ready_timeout": 12.0}))
     seen: dict[str, str] = {}
     with cleanup(sshd, spec):
         error = expect_launch_error(spec, progress=lambda node, what: seen.__setitem__(node, what))
         assert list(error.failures) == ["n4"]
-        assert error.failures["n4"] == (f"no STARTED line within 6s: see the node's log "
+        assert error.failures["n4"] == (f"no STARTED line within 12s: see the node's log "
                                         f"(~/.local/state/gmountpy/logs/ssh-silent-n4.log on {sshd.user}@127.0.0.1), "
                                         f"or raise tuning.ready_timeout")
         assert all(seen[n] == "listening" for n in names if n != "n4"), seen  # these had started

@@ -43,8 +43,8 @@ async def test_a_create_that_fails_after_opening_the_file_closes_it(tmp_path: Pa
         opened: list[FileHandle] = []
         real_create = ns.create
 
-        async def create(path: str, flags: int, mode: int) -> FileHandle:
-            opened.append(await real_create(path, flags, mode))
+        async def create(path: str, flags: int, mode: int, **options: Any) -> FileHandle:
+            opened.append(await real_create(path, flags, mode, **options))
             return opened[-1]
 
         async def refuse_chown(path: str, uid: int, gid: int) -> Any:

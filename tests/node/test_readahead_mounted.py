@@ -75,3 +75,31 @@ def test_cat_of_fresh_remote_files_from_every_other_node_never_fails(default_clu
         log = Path(cluster.state.nodes[node].log).read_text(errors="replace")
         assert "is unavailable" not in log, f"{node} took a peer for down:\n" + "\n".join(
             line for line in log.splitlines() if "unavailable" in line)
+
+
+@pytest.mark.parametrize("size", [3_000_000, 440_000])
+@pytest.mark.parametrize("reader", ["read()", "cat"])
+def test_a_plain_read_of_a_remote_file_makes_its_holder_send_it_once(default_cluster: LocalCluster,
+                                                                     size: int, reader: str) -> None:
+    """One read() of the whole file, or `cat`, through a mount: the holder sends the file's bytes once."""
+    from gmountpy import Cluster
+
+    cluster = default_cluster
+    data = os.urandom(size)
+    name = f"once-{uuid.uuid4().hex[:8]}.bin"
+    (cluster.mount("n3") / name).write_bytes(data)  # held by n3, never read on n1 before
+    api = Cluster.open(cluster.spec.name)
+    before = api.counters()
+    if reader == "cat":
+        result = subprocess.run(["cat", str(cluster.mount("n1") / name)], capture_output=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == data
+    else:
+        with open(cluster.mount("n1") / name, "rb", buffering=0) as f:
+            assert f.read() == data
+    after = api.counters()
+    served = after["n3"]["served_read"] - before["n3"]["served_read"]
+    received = after["n1"]["read_remote"] - before["n1"]["read_remote"]
+    # Before: 6.87 MB served for a 3 MB file, 0.70 MB for 440 KB (blocks fetched again and past the end).
+    assert served == size, f"n3 served {served} bytes for a read of {size}"
+    assert received == size

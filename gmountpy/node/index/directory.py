@@ -39,6 +39,7 @@ import trio
 from ..._trio import open_nursery
 from ...errors import PeerUnavailable
 from ...protocol import messages as msg
+from ...protocol.attr import Attr
 from ...protocol.messages import (
     DirEntry,
     IndexClaimReply,
@@ -462,6 +463,7 @@ class DirectoryIndex(OwnedDirectories):
         directory, name, asker, index_home = request.directory, request.name, request.asker, request.index_home
         self._serving_as_backup(directory)
         unreached: list[str] = []
+        self._removed.record(directory, name, trio.current_time())
         if request.nodes is None:
             self._change(directory, (name, None, None))
             unreached += await self._drop_home(directory, name, forgotten_by=asker, index_home=index_home,
@@ -482,6 +484,9 @@ class DirectoryIndex(OwnedDirectories):
         directory, name, nodes, is_dir, asker = (request.directory, request.name, request.nodes, request.is_dir,
                                                  request.asker)
         backing = self._serving_as_backup(directory)
+        current = self._dirs.get(directory)
+        if current is None or current.entries.get(name):  # an old file under `name` is gone
+            self._removed.record(directory, name, trio.current_time())
         self._change(directory, (name, None, None))
         await self._drop_home(directory, name)
         now = trio.current_time()
@@ -524,14 +529,8 @@ class DirectoryIndex(OwnedDirectories):
             await self._pass_on(directory, parts, msg.IndexSync(directory, node, changes, sorted(parts.bitmap)),
                                 request.covered)
             changes = [entry for entry in changes if self._mine(directory, entry.name)]
-        current = self._dirs.get(directory)
-        if current is None and directory not in self._building:
+        if self._dirs.get(directory) is None and directory not in self._building:
             return  # not built: the next build lists it anyway
-        # Under a build, the changes are logged for it (`_change`) and applied after its listings,
-        # as a claim's are: a directory that changes every second while it takes longer than that
-        # to list would never be kept if its build were thrown away instead.
-        entries = current.entries if current is not None else {}
-        now = trio.current_time()
         seen: dict[str, Holder] = {}
         gone: list[str] = []
         for entry in changes:
@@ -539,6 +538,15 @@ class DirectoryIndex(OwnedDirectories):
                 gone.append(entry.name)
                 continue
             seen[entry.name] = Holder(entry.attr.is_dir, entry.attr, entry.replica_of)
+        seen, unchecked = await self._checked_against_removals(directory, node, seen)
+        current = self._dirs.get(directory)
+        if current is None and directory not in self._building:
+            return
+        # Under a build, the changes are logged for it (`_change`) and applied after its listings,
+        # as a claim's are: a directory that changes every second while it takes longer than that
+        # to list would never be kept if its build were thrown away instead.
+        entries = current.entries if current is not None else {}
+        now = trio.current_time()
         new_names = [name for name in seen if not entries.get(name)]
         # a subdirectory that appeared on `node` outside the mount: its home (seeded empty by a
         # mkdir, or built before) has not listed it there -- it lists it again when next asked
@@ -559,7 +567,12 @@ class DirectoryIndex(OwnedDirectories):
             if before is not None and before.recent(now):
                 if before.attr is not None and not fresh:
                     continue
-                holder = Holder(holder.is_dir, holder.attr, holder.replica_of, before.since)
+                # A claim's or a rename's attributes, first known now. After a rename they may be
+                # those of an old file it replaced that this home never knew of (copied in outside
+                # the mount, listed before the rename): not kept over the next scan, which lists
+                # what the rename put there -- unless the holder was asked just now (`since`).
+                since = before.since if not before.renamed or holder.since is not None else None
+                holder = Holder(holder.is_dir, holder.attr, holder.replica_of, since)
             # a rename's attributes, not known here till now: every listing handed out since asked the holder
             filled = before is not None and before.renamed and before.attr is None
             if name not in new_names and not filled and not same_but_atime(before, holder):
@@ -575,6 +588,64 @@ class DirectoryIndex(OwnedDirectories):
                 await self._peers.ask(home, msg.IndexAdopt(child, node), timeout=self.ask_timeout)
             except OSError as exc:
                 log.info("could not tell %s, the home of %s, that it appeared on %s: %s", home, child, node, exc)
+        if unchecked:
+            raise OSError(errno.EAGAIN, f"node {self._peers.me} could not ask {node} whether it still holds "
+                                        f"{', '.join(sorted(unchecked))} in {directory} (removed or renamed over "
+                                        "through a mount just now); its next scan tells them again")
+
+    async def _checked_against_removals(self, directory: str, node: str,
+                                        seen: dict[str, Holder]) -> tuple[dict[str, Holder], list[str]]:
+        """`seen`, a scan of `node`'s export, without what may predate a removal recorded here.
+
+        The scan listed the directory before it was sent; an unlink or a rename through a mount
+        may have removed a name it lists (or renamed another file over it) and been recorded
+        here meanwhile: taken as it is, the scan would bring the old file back. So the names
+        removed through a mount within CLAIM_GRACE are asked of `node` now -- after that
+        removal -- and kept, with the attributes it answers, only if it holds them still (a file
+        put there again outside the mount, a rename's new file) and no removal of them was
+        recorded while it was asked. Costs one lookup per such name, only for names removed
+        lately (a rename to a new name removes nothing). Also the names this node could not
+        ask (they are left out; the sender is told, and tells them again at its next scan).
+        """
+        now = trio.current_time()
+        current = self._dirs.get(directory)
+        suspects: list[str] = []
+        for name in seen:
+            if self._removed.number(directory, name, now) is None:
+                continue
+            before = current.entries.get(name, {}).get(node) if current is not None else None
+            if before is not None and before.attr is not None and before.recent(now):
+                continue  # a claim's or a close's attributes: kept over any scan anyway
+            suspects.append(name)
+        if not suspects:
+            return seen, []
+        asked_after = self._removed.count
+        found: dict[str, Attr | None] = {}
+        unchecked: list[str] = []
+        limiter = trio.CapacityLimiter(_RESOLVE_AT_ONCE)
+
+        async def ask(name: str) -> None:
+            async with limiter:
+                try:
+                    found[name] = await self._peers.ask(node, msg.Lookup(join(directory, name)),
+                                                        timeout=self.ask_timeout)
+                except OSError as exc:
+                    log.info("could not ask %s whether it still holds %s: %s", node, join(directory, name), exc)
+                    unchecked.append(name)
+
+        async with open_nursery() as nursery:
+            for name in suspects:
+                nursery.start_soon(ask, name)
+        checked = dict(seen)
+        now = trio.current_time()
+        for name in suspects:
+            attr = found.get(name)
+            again = self._removed.number(directory, name, now)
+            if attr is None or (again is not None and again > asked_after):
+                del checked[name]  # gone, or removed again while asked (the answer may predate it)
+            else:  # as new as a close's: no scan listed before it takes it over
+                checked[name] = Holder(attr.is_dir, attr, seen[name].replica_of, now)
+        return checked, unchecked
 
     async def op_adopt(self, request: msg.IndexAdopt) -> None:
         """`directory` appeared on `node` outside the mount (its parent's home saw it in a sync):

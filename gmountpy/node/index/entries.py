@@ -9,6 +9,7 @@ is an entry without attributes until its holder has the file.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 from ...protocol.attr import Attr
@@ -61,6 +62,43 @@ class Parts:
 
     home: str
     bitmap: set[int]
+
+
+class Removals:
+    """Names removed through a mount (unlink, rename away, rename over), remembered CLAIM_GRACE.
+
+    An export scan lists its directory, then tells the home: its listing may predate such a
+    removal recorded here since, and must not bring the name back (hand-off rule 4). Each
+    removal gets a number, so that a check of a name made after it can tell whether the
+    name was removed again meanwhile.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, str], tuple[float, int]] = {}  # (directory, name) -> (when, number)
+        self._order: deque[tuple[float, str, str, int]] = deque()  # (when, directory, name, number), oldest first
+        self.count = 0  # removals recorded so far: the number of the last one
+
+    def record(self, directory: str, name: str, now: float) -> None:
+        self.count += 1
+        self._last[(directory, name)] = (now, self.count)
+        self._order.append((now, directory, name, self.count))
+
+    def number(self, directory: str, name: str, now: float) -> int | None:
+        """The number of the last removal of `name` within CLAIM_GRACE before `now` (None: none)."""
+        last = self._last.get((directory, name))
+        if last is None or now - last[0] >= CLAIM_GRACE:
+            return None
+        return last[1]
+
+    def expire(self, now: float) -> None:
+        """Forget the removals older than CLAIM_GRACE."""
+        while self._order and now - self._order[0][0] >= CLAIM_GRACE:
+            _, directory, name, number = self._order.popleft()
+            if self._last.get((directory, name), (0.0, 0))[1] == number:
+                del self._last[(directory, name)]
+
+    def __len__(self) -> int:
+        return len(self._last)
 
 
 def same_but_atime(before: Holder | None, after: Holder) -> bool:

@@ -34,7 +34,7 @@ from ...protocol import messages as msg
 from ...protocol.messages import DirEntry, Request
 from ..leases import Leases
 from ..locator import ANNOUNCE_TIMEOUT
-from .entries import BuiltDirectory, Change, Parts, apply_change
+from .entries import BuiltDirectory, Change, Parts, Removals, apply_change
 from .homes import Homes, home_lease_for
 from .marks import Owners
 from .paths import join, under_any
@@ -117,6 +117,9 @@ class IndexStore:
         # who was told "not found" for a name. Kept apart from the entries: a rebuild must
         # not forget who holds a "not found", or a create would not revoke it.
         self._negatives = Leases()
+        # names removed through a mount lately: an export scan's report older than the removal
+        # must not bring them back (kept apart from the entries, which a rebuild replaces)
+        self._removed = Removals()
         self._builds = self._lookups = self._leased = self._revocations = 0
         # Giga+ splitting (`split_entries` > 0: a partition holding more names splits in two)
         self.split_entries = split_entries if homes is not None and homes.central is None else 0
@@ -142,6 +145,7 @@ class IndexStore:
         now = trio.current_time()
         for leases in (self._negatives, self._home_leases, self._listing_leases):
             leases.expire(now)
+        self._removed.expire(now)
         if self.keep_idle <= 0 or now - self._swept < self.keep_idle / 4:
             return
         self._swept = now

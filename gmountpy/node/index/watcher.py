@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import time
 from collections import OrderedDict
 
 import trio
@@ -19,6 +20,12 @@ from .homes import Homes
 from .peers import Peers, list_whole
 
 log = logging.getLogger(__name__)
+
+#: A directory's mtime newer than this (ns) when its listing was taken may be shared by a change
+#: made just after the listing: file systems stamp times with a coarse clock (a kernel tick, a
+#: second on some), so the change would not move it. Such a directory is listed again at the next
+#: scan, whatever its mtime (git's "racily clean" entries).
+SETTLE_NS = 2_000_000_000
 
 
 class ExportWatcher:
@@ -36,7 +43,15 @@ class ExportWatcher:
     export are seen by every node within about a second, with the hand-off rule 1
     revocations. A changed *file* (same name, new size) does not change its
     directory's mtime: its size is corrected by the next write through the mount,
-    an open (which asks the holder), or the home's rescan.
+    an open (which asks the holder), or the home's rescan. A directory whose mtime
+    was within SETTLE_NS of the clock when it was listed is listed again at the next
+    scan even if its mtime stayed (a change in the same timestamp tick).
+
+    A listing is taken before its report reaches the home, and changes through the
+    mounts (an unlink, a rename) may be recorded there meanwhile: the home checks a
+    reported name it saw removed lately with this node before it takes it
+    (`DirectoryIndex.op_sync`). The temporary files of puts and stagings under way are
+    in no listing (`NodeService`).
     """
 
     def __init__(self, peers: Peers, homes: Homes, *, max_directories: int = 10_000) -> None:
@@ -46,6 +61,7 @@ class ExportWatcher:
         self._seen: OrderedDict[str, int | None] = OrderedDict()  # directory -> mtime_ns at the last listing
         self._asked_by: dict[str, str] = {}  # directory -> the home that listed it last
         self._told: dict[str, dict[str, _Told]] = {}  # directory -> name -> what its home was told of it
+        self._unsettled: set[str] = set()  # directories listed again at the next scan whatever their mtime
         self._scanning = trio.Lock()  # the daemon's scan every second, and `rescan` asked for
         self.syncs = 0
 
@@ -70,22 +86,39 @@ class ExportWatcher:
         except OSError as exc:
             if exc.errno != errno.EFBIG:
                 raise
-            self._watch(directory, mtime, await list_whole(self._peers, self._peers.me, directory), home)
+            whole = await list_whole(self._peers, self._peers.me, directory)
+            self._watch(directory, mtime, time.time_ns(), whole, home)
             raise
-        self._watch(directory, mtime, listing, home)
+        self._watch(directory, mtime, time.time_ns(), listing, home)
         return listing
 
-    def _watch(self, directory: str, mtime: int | None, listing: list[DirEntry] | None, home: str | None) -> None:
-        """Watch `directory` from here on: its home was told `listing`, as of `mtime`."""
+    def _watch(self, directory: str, mtime: int | None, listed_at: int, listing: list[DirEntry] | None,
+               home: str | None) -> None:
+        """Watch `directory` from here on: its home was told `listing` (taken by `listed_at`, on the
+        wall clock), as of `mtime`."""
         self._seen[directory] = mtime
+        self._settle(directory, mtime, listed_at)
         self._seen.move_to_end(directory)
         self._told[directory] = _told(listing or [])
         if home is not None:
             self._asked_by[directory] = home
         if len(self._seen) > self._max:
             dropped, _ = self._seen.popitem(last=False)
-            self._asked_by.pop(dropped, None)
-            self._told.pop(dropped, None)
+            self._forget(dropped)
+
+    def _settle(self, directory: str, mtime: int | None, listed_at: int) -> None:
+        """`directory` was listed by `listed_at` with `mtime` (read before the listing): trust that
+        mtime at the next scan only if it was older than SETTLE_NS then (see SETTLE_NS)."""
+        if mtime is not None and listed_at - mtime < SETTLE_NS:
+            self._unsettled.add(directory)
+        else:
+            self._unsettled.discard(directory)
+
+    def _forget(self, directory: str) -> None:
+        self._seen.pop(directory, None)
+        self._asked_by.pop(directory, None)
+        self._told.pop(directory, None)
+        self._unsettled.discard(directory)
 
     async def op_rescan(self, request: msg.Rescan) -> int:
         """`rescan`: a user who copied files into the export need not wait for the next scan."""
@@ -100,18 +133,26 @@ class ExportWatcher:
         sent = 0
         for directory, seen in list(self._seen.items()):
             mtime = await self._mtime(directory)
-            if mtime == seen:
+            if mtime == seen and directory not in self._unsettled:
                 continue
             home = self._asked_by.get(directory) or self.homes.home(directory)
             try:
                 listing = [] if mtime is None else await list_whole(self._peers, self._peers.me, directory)
+                listed_at = time.time_ns()
             except OSError as exc:
                 log.info("cannot list %s to tell its home of a change: %s", directory, exc)
                 continue
             listed = _told(listing or [])
             before = self._told.get(directory, {})
-            changes = ([SyncEntry(*entry) for entry in listing or [] if before.get(entry.name) != listed[entry.name]]
-                       + [SyncEntry(name, None) for name in before if name not in listed])
+            if mtime == seen:  # listed again only for a change its mtime may hide: names made or removed
+                changes = ([SyncEntry(*entry) for entry in listing or [] if entry.name not in before]
+                           + [SyncEntry(name, None) for name in before if name not in listed])
+                listed = {name: told for name, told in before.items() if name in listed} | {
+                    name: told for name, told in listed.items() if name not in before}
+            else:
+                changes = ([SyncEntry(*entry) for entry in listing or []
+                            if before.get(entry.name) != listed[entry.name]]
+                           + [SyncEntry(name, None) for name in before if name not in listed])
             if changes:
                 try:
                     await self._peers.ask(home, msg.IndexSync(directory, self._peers.me, changes))
@@ -121,11 +162,10 @@ class ExportWatcher:
                 sent += 1
                 self.syncs += 1
             if mtime is None or listing is None:  # gone from this export: no longer watched
-                self._seen.pop(directory, None)
-                self._asked_by.pop(directory, None)
-                self._told.pop(directory, None)
+                self._forget(directory)
             elif directory in self._seen:
                 self._seen[directory] = mtime
+                self._settle(directory, mtime, listed_at)
                 self._told[directory] = listed
         return sent
 
