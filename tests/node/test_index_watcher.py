@@ -18,11 +18,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import trio
 
-from gmountpy.node.index import CLAIM_GRACE, DirectoryIndex, ExportWatcher, IndexLocator
+from gmountpy.node.index import CLAIM_GRACE, DirectoryIndex, ExportWatcher, Homes, IndexLocator
 from gmountpy.node.index import watcher as watcher_module
 from gmountpy.node.index.entries import Removals
 from gmountpy.node.namespace import Namespace
@@ -73,12 +74,19 @@ async def listed(namespace: Namespace, directory: str) -> dict[str, int]:
     return {entry.name: entry.location.attr.size for entry in (await namespace.merged_listing(directory)).entries}
 
 
+def _at_creators_site(homes: Homes, directory: str, creator: str) -> str:
+    return homes.at_site(directory, homes.site_of.get(creator))
+
+
 async def watched_directory(cluster: Cluster) -> tuple[str, ExportWatcher]:
-    """A directory made through n3's mount, homed at n4 (same site), watched by n3's scans."""
+    """A directory made through n3's mount, homed at n4 (same site), watched by n3's scans. (A
+    directory is homed at its maker now, and owned there; these scans are sent to another node,
+    so the home is placed by the rule of n3's site while it is made.)"""
     locator = cluster["n1"].locator
     assert isinstance(locator, IndexLocator)
-    directory = made_at(locator.homes, "n4", "n3", "/w")
-    await cluster["n3"].namespace.mkdir(directory, 0o755)
+    with mock.patch.object(Homes, "of_creator", _at_creators_site):
+        directory = made_at(locator.homes, "n4", "n3", "/w")
+        await cluster["n3"].namespace.mkdir(directory, 0o755)
     watcher = cluster["n3"].watcher
     assert watcher is not None
     return directory, watcher
