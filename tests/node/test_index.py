@@ -2022,6 +2022,23 @@ def test_index_network_a_file_rewritten_in_a_directory_owned_again_shows_its_new
         machine.teardown()
 
 
+def test_index_network_a_create_that_opens_a_file_elsewhere_leaves_no_claim_of_its_parent() -> None:
+    """Found by the state machine: n1 creates /e/b, which exists on n2 only -- the claims of the
+    parent /e (n1 lacks it) and of /e/b are refused or moot, and n1 makes nothing. A file copied
+    into n1's export at /e/a later (the directory too) is seen everywhere after n1's scan: the
+    homes did not take n1 for a holder of /e, so /e's home lists n1 when the scan reports it."""
+    machine = IndexNetwork()
+    try:
+        machine.mkdir(node="n2", path="/e", fault=None)
+        machine.create(node="n2", path="/e/b", data=b"made on n2", fault=None)
+        machine.create(node="n1", path="/e/b", data=b"exists", fault=None)  # EEXIST
+        machine.union_namespace_matches_the_model()
+        machine.write_straight_into_an_export(data=b"", node="n1", path="/e/a")
+        machine.union_namespace_matches_the_model()
+    finally:
+        machine.teardown()
+
+
 def test_index_network_a_name_found_in_a_listing_is_remembered_for_a_claim_that_must_search() -> None:
     """Found by the state machine: n4 saw the directory /b (on n1) only in its listing of /, then
     made /b a file while every reply to it was lost -- its claim fell back to the search, which

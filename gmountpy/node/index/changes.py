@@ -82,6 +82,7 @@ class Changes(Lookups):
         if is_dir and not others:
             await self._keep_record(path, reply)
         if others:
+            await self._unclaim_parents(missing)  # the create opens the file there: nothing is made here
             found = self._nearest(others) or Location(others[0].node, others[0].attr)
             self.learn(path, found)  # the create opens it next: not from a "not found" cached before
             return found
@@ -98,6 +99,18 @@ class Changes(Lookups):
             self._seeded.add(path)
         self.forget_absent(path, is_dir)  # "not found" for it, and for names in it (kept for a missing parent)
         return None
+
+    async def _unclaim_parents(self, missing: list[str]) -> None:
+        """The parent directories claimed for a create that will not be made here: this node holds
+        none of them after all (a home that thought so would not list them here when they do
+        appear, outside the mount)."""
+        for parent in reversed(missing):
+            directory, name = split_parent(parent)
+            try:
+                await self._dir_call(directory, msg.IndexDrop(directory, name, [self._peers.me]))
+            except OSError as exc:
+                log.info("could not withdraw the claim on %s at the home of %s: %s", parent, directory, exc)
+                self._owe_home_of(directory)
 
     async def _keep_record(self, path: str, reply: msg.IndexClaimReply) -> None:
         """The claim of the new directory `path` was taken by a node whose backup is this one: keep

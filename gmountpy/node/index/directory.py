@@ -381,14 +381,14 @@ class DirectoryIndex(OwnedDirectories):
         others = [holder for holder in holders if holder.node != node]
         if request.exclusive and not others and not pending and self.verify_misses:
             others = await self._verify_absent(directory, name, node)
-        built = self._dirs.get(directory)
-        if built is not None:
-            built.holders.add(node)  # a create there makes the directory on `node` (if it lacked it)
         if request.exclusive and (others or pending):
             if not others:
                 raise OSError(errno.EAGAIN, f"{join(directory, name)} is being created on another node; "
                                             "try again")
-            return IndexClaimReply(tuple(others))
+            return IndexClaimReply(tuple(others))  # (nothing is made on `node`: it is no holder of the directory)
+        built = self._dirs.get(directory)
+        if built is not None:
+            built.holders.add(node)  # a create there makes the directory on `node` (if it lacked it)
         self._change(directory, (name, node, Holder(is_dir, None, None, trio.current_time())))
         seeded = keep = False
         if is_dir and self.homes is not None:
