@@ -20,7 +20,8 @@ BASE_PACKAGES = ["fuse3", "libfuse3-dev", "pkg-config", "gcc", "python3-dev"]
 #: the tests run a real sshd and the WAN harness (namespaces, iptables-legacy, the NFQUEUE delay program)
 TEST_PACKAGES = ["openssh-server", "openssh-client", "iproute2", "iptables", "util-linux",
                  "libnetfilter-queue-dev", "libmnl-dev",
-                 "glusterfs-server", "glusterfs-client"]  # the WAN benchmarks' GlusterFS peer, tested too
+                 "glusterfs-server", "glusterfs-client",  # the WAN benchmarks' GlusterFS peer, tested too
+                 "gfmd", "gfsd", "gfarm2fs", "gfarm-client", "sshfs"]  # the pipelines' peers: Gfarm, a central server
 PIPELINE_PACKAGES = ["make", "montage"]  # the reference pipelines: GNU make and the Montage executables
 
 
@@ -108,6 +109,8 @@ WAN_PACKAGES = ["iproute2", "iptables", "util-linux", "gcc", "libnetfilter-queue
                 "openssh-server", "openssh-client"]
 #: GlusterFS, a peer in the WAN metadata and fio benchmarks (glusterd, bricks and the FUSE client)
 GLUSTER_PACKAGES = ["glusterfs-server", "glusterfs-client"]
+#: Gfarm, the GMount paper's baseline: in the metadata benchmark and the pipeline comparison
+GFARM_PACKAGES = ["gfmd", "gfsd", "gfarm2fs", "gfarm-client"]
 
 
 @nox.session
@@ -121,7 +124,7 @@ def wan(session: nox.Session) -> None:
 
 def bench_wan(session: nox.Session, args: list[str]) -> None:
     """Metadata (ParaMark-style), fio and deploy benchmarks over emulated WAN sites (root)."""
-    ensure_system_packages(session, BASE_PACKAGES + WAN_PACKAGES + GLUSTER_PACKAGES)
+    ensure_system_packages(session, BASE_PACKAGES + WAN_PACKAGES + GLUSTER_PACKAGES + GFARM_PACKAGES)
     session.run("python", "-m", "benchmarks.wan.bench_link", *args)
     session.run("python", "-m", "benchmarks.wan.bench_meta", *args)
     session.run("python", "-m", "benchmarks.wan.bench_io", *args)
