@@ -143,6 +143,13 @@ class Emulation:
         groups = self.node_cgroups()
         return {"links": pairs, "cpus": groups.describe() if groups is not None else "shared (no node cgroups)"}
 
+    def wan_bytes(self) -> dict[str, int]:
+        """Bytes the hub has sent into each site so far (everything that crossed the WAN towards it)."""
+        out = subprocess.run(["ip", "-n", self.hub, "-s", "-j", "link", "show"], capture_output=True, text=True,
+                             check=True).stdout
+        by_dev = {link["ifname"]: int(link["stats64"]["tx"]["bytes"]) for link in json.loads(out)}
+        return {site: by_dev.get(f"s{i}", 0) for i, site in enumerate(self.netns, start=1)}
+
     def add_mount(self, mountpoint: str) -> None:
         """Remember a mount made from a site (sshfs, ...) so that `down` unmounts it."""
         self.mounts.append(str(mountpoint))

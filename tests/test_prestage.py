@@ -1,0 +1,161 @@
+"""DAG-aware staging (gmountpy/jobs/prestage.py): the plan, the make database, and a real make run.
+
+The pure parts on synthetic holdings: a consumer of two inputs made on different nodes is
+planned where the input still to come will be made, and the finished one is staged there
+(Montage's mDiffFit pair); small files are not staged; plans with staging stay put. Then make's
+database, read without running a recipe. Then a real cluster and a real make: the consumer of
+a pair runs on the node it was planned on and reads nothing remotely.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gmountpy import Cluster
+from gmountpy.jobs.prestage import Dag, Planner, follow, make_dag, parse_make_database
+
+from .conftest import fuse_problem, local_cluster, require
+
+MIB = 1 << 20
+BIN = os.path.dirname(sys.executable)
+
+
+def pair_dag() -> Dag:
+    return Dag({"a.out": ("a.in",), "b.out": ("b.in",), "c.out": ("a.out", "b.out")}, {},
+               ("a.out", "b.out", "c.out"))
+
+
+def test_a_pair_consumer_is_planned_where_its_pending_input_will_be_made_and_the_finished_one_goes_there() -> None:
+    planner = Planner(pair_dag(), ["n1", "n2"])
+    holdings = {"a.in": {"n1": MIB}, "b.in": {"n2": MIB}}
+    assert planner.update(holdings, done=[]) == []  # nothing produced yet: nothing to move
+    assert planner.plan == {"a.out": "n1", "b.out": "n2", "c.out": "n1"}  # a tie: cluster order for now
+    holdings["a.out"] = {"n1": 4 * MIB}
+    assert planner.update(holdings, done=["a.out"]) == [("a.out", "n2")]
+    assert planner.plan["c.out"] == "n2"
+    holdings["a.out"]["n2"] = 4 * MIB  # the replica
+    holdings["b.out"] = {"n2": 4 * MIB}
+    assert planner.update(holdings, done=["a.out", "b.out"]) == []
+    assert planner.plan["c.out"] == "n2"
+
+
+def test_consumers_of_finished_inputs_on_both_nodes_are_spread_and_small_files_stay() -> None:
+    dag = Dag({"c1": ("x1", "y1", "table"), "c2": ("x2", "y2", "table")}, {}, ("c1", "c2"))
+    planner = Planner(dag, ["n1", "n2"], min_bytes=MIB)
+    holdings = {"x1": {"n1": 8 * MIB}, "y1": {"n2": 8 * MIB}, "x2": {"n1": 8 * MIB}, "y2": {"n2": 8 * MIB},
+                "table": {"n1": 1000}}
+    requests = planner.update(holdings, done=[])
+    assert sorted(planner.plan.values()) == ["n1", "n2"], planner.plan  # one pair on each node
+    assert len(requests) == 2 and all(path != "table" for path, _ in requests)
+    for path, node in requests:
+        assert node == planner.plan["c1" if path.endswith("1") else "c2"]
+
+
+def test_a_plan_with_staging_stays_when_holdings_change() -> None:
+    planner = Planner(pair_dag(), ["n1", "n2"])
+    holdings = {"a.in": {"n1": MIB}, "b.in": {"n2": MIB}, "a.out": {"n1": 4 * MIB}}
+    planner.update(holdings, done=["a.out"])
+    holdings["b.out"] = {"n1": 64 * MIB}  # b.out came out elsewhere, and bigger
+    planner.update(holdings, done=["a.out", "b.out"])
+    assert planner.plan["c.out"] == "n2"
+
+
+def test_side_outputs_count_as_made_by_their_job() -> None:
+    dag = Dag({"p.fits": ("raw",), "d": ("p.fits", "p_area.fits", "q.fits")}, {"p_area.fits": "p.fits"},
+              ("p.fits", "d"))
+    assert dag.producer("p_area.fits") == "p.fits" and dag.producer("raw") is None
+    planner = Planner(dag, ["n1", "n2"])
+    planner.update({"raw": {"n2": MIB}, "q.fits": {"n1": MIB}}, done=[])
+    assert planner.plan["p.fits"] == "n2"
+
+
+MAKEFILE = """\
+all: out/c.txt
+include parts.mk
+parts.mk:
+\techo 'x: ; touch ran-parts' > $@
+out/%.txt: in/%.txt
+\tmkdir -p out && cp $< $@ && touch ran-$*
+out/%_side.txt: out/%.txt ;
+out/c.txt: out/a.txt out/b.txt out/a_side.txt
+\tcat $^ > $@
+"""
+
+
+def test_make_database_is_read_without_running_a_recipe(tmp_path: Path) -> None:
+    (tmp_path / "Makefile").write_text(MAKEFILE)
+    (tmp_path / "in").mkdir()
+    for name in ("a", "b"):
+        (tmp_path / "in" / f"{name}.txt").write_text(name)
+    dag, complete = make_dag(str(tmp_path))
+    assert not complete  # parts.mk is missing: make would have made it (with a recipe) to know the rest
+    assert sorted(tmp_path.iterdir()) == [tmp_path / "Makefile", tmp_path / "in"], "make ran a recipe"
+    (tmp_path / "parts.mk").write_text("")
+    dag, complete = make_dag(str(tmp_path))
+    assert complete
+    assert dag.deps["out/a.txt"] == ("in/a.txt",)
+    assert dag.deps["out/c.txt"] == ("out/a.txt", "out/b.txt", "out/a_side.txt")
+    assert dag.side == {"out/a_side.txt": "out/a.txt"}
+    assert dag.order.index("out/a.txt") < dag.order.index("out/c.txt")
+    assert not list(tmp_path.glob("ran-*")) and not (tmp_path / "out").exists()
+
+
+def test_parse_ignores_patterns_and_non_targets() -> None:
+    text = "\n# Files\n\n# Not a target:\nfoo.c:\n\n%.o: %.c\n\tcc\n\nx: y z\n#  recipe to execute:\n\tdo\n\n"
+    dag = parse_make_database(text + "# files hash-table stats:\n")
+    assert dict(dag.deps) == {"x": ("y", "z")}
+
+
+PAIR_MAKEFILE = """\
+include $(shell gmount make-include)
+all: c.out
+a.out: a.in
+\t{python} -c "import shutil; shutil.copyfile('a.in', 'a.out')"
+b.out: b.in
+\tsleep 3; {python} -c "import shutil; shutil.copyfile('b.in', 'b.out')"
+c.out: a.out b.out
+\tcat a.out b.out > c.out
+"""
+
+
+def test_make_consumer_of_a_pair_runs_where_it_was_planned_and_reads_nothing_remotely(tmp_path: Path) -> None:
+    """a.out is made on n1 at once, b.out on n2 after 3 s: the prestager stages a.out to n2 meanwhile, so
+    c.out (a tie without it, which cluster order gives to n1, reading b.out across) runs on n2, all local."""
+    require("FUSE", fuse_problem())
+    sites = {"east": ["n1"], "west": ["n2"]}
+    with local_cluster(tmp_path, f"pre-{os.getpid()}", sites, [("east", "west", 2.0)]) as running:
+        (running.export("n1") / "w").mkdir()
+        (running.export("n2") / "w").mkdir()
+        (running.export("n1") / "w" / "a.in").write_bytes(os.urandom(2 * MIB))
+        (running.export("n2") / "w" / "b.in").write_bytes(os.urandom(2 * MIB))
+        work = Path(running.spec.node("n1").mountpoint) / "w"
+        (work / "Makefile").write_text(PAIR_MAKEFILE.format(python=sys.executable))
+        cluster = Cluster.open(running.spec.name)
+        log = str(work / ".gmount" / "make.jsonl")
+        env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "GMOUNT_PLACEMENT_LOG": log}
+        time.sleep(1.0)  # the exports' files are seen by the index
+        before = cluster.counters()
+        with follow(cluster, str(work), "/w", log) as prestager:
+            done = subprocess.run(["make", "-s"], cwd=work, env=env, capture_output=True, text=True, timeout=120)
+        after = cluster.counters()
+        assert done.returncode == 0, done.stderr
+        assert prestager.stats.errors == []
+        assert prestager.stats.staged_files >= 1, prestager.stats
+        assert (running.export("n2") / "w" / "c.out").exists(), "the consumer did not run on its planned node"
+        remote = sum(after[n].get("read_remote", 0) - before[n].get("read_remote", 0) for n in after)
+        assert remote < 64 * 1024, f"jobs read {remote} bytes remotely"
+        assert (work / "c.out").read_bytes() == (running.export("n1") / "w" / "a.in").read_bytes() + \
+            (running.export("n2") / "w" / "b.in").read_bytes()
+
+
+def test_nothing_is_staged_for_the_ready_jobs_the_engine_starts_now() -> None:
+    """With make -j1 the first ready job starts at once: a copy for it would come after it read its inputs."""
+    dag = Dag({"c1": ("x1", "y1"), "c2": ("x2", "y2")}, {}, ("c1", "c2"))
+    holdings = {"x1": {"n1": 8 * MIB}, "y1": {"n2": 8 * MIB}, "x2": {"n1": 8 * MIB}, "y2": {"n2": 8 * MIB}}
+    planner = Planner(dag, ["n1", "n2"])
+    requests = planner.update(holdings, done=[], running=1)
+    assert [node for _, node in requests] == [planner.plan["c2"]] and len(requests) == 1
