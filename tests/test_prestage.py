@@ -83,6 +83,8 @@ out/%.txt: in/%.txt
 out/%_side.txt: out/%.txt ;
 out/c.txt: out/a.txt out/b.txt out/a_side.txt
 \tcat $^ > $@
+clean:
+\trm -rf out
 """
 
 
@@ -101,6 +103,7 @@ def test_make_database_is_read_without_running_a_recipe(tmp_path: Path) -> None:
     assert dag.deps["out/c.txt"] == ("out/a.txt", "out/b.txt", "out/a_side.txt")
     assert dag.side == {"out/a_side.txt": "out/a.txt"}
     assert dag.order.index("out/a.txt") < dag.order.index("out/c.txt")
+    assert "clean" not in dag.deps  # not needed by the default goal
     assert not list(tmp_path.glob("ran-*")) and not (tmp_path / "out").exists()
 
 

@@ -18,6 +18,7 @@ acquisition):
                      inputs are (with DAG-aware staging, `--no-prestage` to switch it off);
 - gmountpy-random:   jobs on a node picked by a hash of the job, through gmount's mounts;
 - gmountpy-single:   every job on n1, through gmount's mounts;
+- gmountpy-nostage:  locality placement without DAG-aware staging (not in the default set);
 - gfarm:             Gfarm (gfmd at n1's site, a gfsd and a gfarm2fs mount per node), jobs
                      spread at random over the nodes' gfarm2fs mounts -- a Gfarm user without a
                      locality scheduler; inputs written through the holding node's mount (so on
@@ -55,10 +56,16 @@ from .bench_meta import _interrupt, describe_run, log
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 SITES = {"tsukuba": ["n1"], "hongo": ["n2"]}
-GMOUNT_SYSTEMS = {"gmountpy-locality": "locality", "gmountpy-random": "random", "gmountpy-single": "single"}
+GMOUNT_SYSTEMS = {"gmountpy-locality": "locality", "gmountpy-random": "random", "gmountpy-single": "single",
+                  "gmountpy-nostage": "locality"}  # locality placement without DAG-aware staging
 ALL_SYSTEMS = (*GMOUNT_SYSTEMS, "gfarm", "central")
+DEFAULT_SYSTEMS = ("gmountpy-locality", "gmountpy-random", "gmountpy-single", "gfarm", "central")
 DEFAULTS = {"montage": {"size": 16, "tile_pixels": 1024}, "event": {"size": 8, "abstracts": 3000}}
 QUICK = {"montage": {"size": 4, "tile_pixels": 256}, "event": {"size": 4, "abstracts": 200}}
+#: gfarm2fs tells gfmd a file's new size when the kernel releases it, just after close() returned:
+#: each job waits this long after it ended before make starts the next (else mViewer, started on
+#: the other node right after mAdd, found a mosaic.fits of 0 bytes)
+GFARM_SETTLE = 0.5
 
 
 def cluster_toml(work: Path, name: str, rtt_ms: float, mbit: float | None) -> str:
@@ -116,7 +123,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     else:
         report = run_on_mounts(pipe, spec["size"], spec["engine"], spec["mounts"], spec["sites"],
                                system=spec["system"], scratch=spec["scratch"], seed=spec["seed"],
-                               inputs_at=spec.get("inputs_at"), options=options)
+                               inputs_at=spec.get("inputs_at"), options=options, settle=spec.get("settle", 0.0))
     difference = check_against(report, pipe, spec["reference"])
     report["check"] = "same as single directory" if difference is None else f"DIFFERS: {difference}"
     return report
@@ -189,19 +196,20 @@ def compare(name: str, size: int, options: dict[str, int], rtt_ms: float, mbit: 
                 for system in wanted:
                     spec = {**base, "kind": "gmountpy", "cluster": cluster, "placement": GMOUNT_SYSTEMS[system],
                             "scratch": str(work / "logs"), "reference": reference_dir, "system": system}
-                    if system == "gmountpy-locality" and not prestage:
+                    if system == "gmountpy-nostage" or (system == "gmountpy-locality" and not prestage):
                         spec["no_prestage"] = True
                     runs.append(_one(emu, system, spec, work))
         if "gfarm" in systems:
-            peer = gfarm.Gfarm(emu, work, nodes, metadata_node=nodes[0])
+            peer = gfarm.Gfarm(emu, work, nodes, metadata_node=nodes[0], stat_cache=0)
             with peer.running():
                 peer.check()
                 mounts = {n: str(peer.mount(n)) for n in nodes}
                 spec = {**base, "kind": "mounts", "system": "gfarm", "mounts": mounts, "sites": SITES,
-                        "scratch": str(work / "logs"), "reference": reference_dir}
+                        "scratch": str(work / "logs"), "reference": reference_dir, "settle": GFARM_SETTLE}
                 runs.append(_one(emu, "gfarm", spec, work))
         if "central" in systems:
-            server = sshfs.CentralServer(emu, work, nodes[0], nodes, name="central")
+            server = sshfs.CentralServer(emu, work, nodes[0], nodes, name="central",
+                                         options=sshfs.SSHFS_HANDOFF_OPTIONS)
             with server.running():
                 server.check()
                 mounts = {n: str(server.mount(n)) for n in nodes}
@@ -216,7 +224,11 @@ def compare(name: str, size: int, options: dict[str, int], rtt_ms: float, mbit: 
 
 def _one(emu: wan.Emulation, system: str, spec: dict[str, Any], work: Path) -> dict[str, Any]:
     log(f"{system}: running ...")
-    report = measured(emu, lambda: run_worker(emu, spec, work))
+    try:
+        report = measured(emu, lambda: run_worker(emu, spec, work))
+    except wan.WanError as exc:  # recorded; the other systems still run
+        log(f"{system}: FAILED: {exc}")
+        return {"system": system, "makespan_s": None, "error": str(exc)[-2000:], "check": "failed"}
     report["system"] = system
     report.pop("job_rows", None)  # per-job rows: in the worker's scratch, too long for the published JSON
     remote = report.get("bytes_read", {}).get("remote_fraction")
@@ -227,7 +239,7 @@ def _one(emu: wan.Emulation, system: str, spec: dict[str, Any], work: Path) -> d
 
 def ratios(runs: list[dict[str, Any]]) -> dict[str, float]:
     """gmountpy-locality's makespan over each other system's (the targets are stated against these)."""
-    span = {r["system"]: r["makespan_s"] for r in runs}
+    span = {r["system"]: r["makespan_s"] for r in runs if r.get("makespan_s")}
     ours = span.get("gmountpy-locality")
     if not ours:
         return {}
@@ -250,7 +262,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
                   "tab:green" if r["system"] == "gmountpy-locality" else
                   "tab:blue" if r["system"].startswith("gmountpy") else "tab:red" for r in runs]
         cap = f"{setting['bandwidth_mbit']:g} Mbit/s" if setting["bandwidth_mbit"] else "no cap"
-        row[0].bar(labels, [r["makespan_s"] for r in runs], color=colors)
+        row[0].bar(labels, [r["makespan_s"] or 0 for r in runs], color=colors)  # a failed run: no bar
         row[0].set_ylabel("makespan (s)")
         row[0].set_title(f"makespan — RTT {setting['rtt_ms']:g} ms, {cap}", fontsize=9)
         row[1].bar(labels, [r.get("wan_bytes_total", 0) / 2**20 for r in runs], color=colors)
@@ -284,7 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rtt-ms", type=float, default=20.0)
     parser.add_argument("--bandwidth-mbit", type=float, action="append",
                         help="a link cap; give it twice for two emulations (default 100 and 1000)")
-    parser.add_argument("--systems", default=",".join(ALL_SYSTEMS))
+    parser.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
+                        help=f"comma-separated, from {', '.join(ALL_SYSTEMS)} (gmountpy-nostage: locality placement "
+                        "without DAG-aware staging)")
     parser.add_argument("--engine", choices=["make", "snakemake"], default="make")
     parser.add_argument("--seed", type=int, default=1, help="seed of the random placements")
     parser.add_argument("--no-prestage", action="store_true", help="gmountpy-locality without DAG-aware staging")

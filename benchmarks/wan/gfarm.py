@@ -13,7 +13,8 @@ benchmarks.wan, everything run by this process's user without touching /etc or ~
                     node's site namespace and in a UTS namespace of its own whose hostname is
                     the node's gfsd name: libgfarm takes gethostname() for "this host", so
                     new files are written to the node's own gfsd (write_local_priority, the
-                    default) and reads of a local copy stay on the node, as on real hosts
+                    default) and reads of a local copy stay on the node, as on real hosts;
+                    attributes cached `stat_cache` seconds (gfarm2fs -E and the kernel's TTLs)
 
 Configuration is private: the config files, the shared secret (`shared_key_file`) and the
 user map sit under <work>/gfarm/etc; every Gfarm process gets GFARM_CONFIG_FILE. gfsd and
@@ -80,11 +81,14 @@ class Gfarm:
     name = "gfarm"
 
     def __init__(self, emu: wan.Emulation, work: Path, nodes: Sequence[str] | None = None,
-                 metadata_node: str | None = None) -> None:
+                 metadata_node: str | None = None, stat_cache: float = 1.0) -> None:
         self.emu = emu
         self.dir = work / "gfarm"
         self.nodes = list(nodes if nodes is not None else emu.address)
         self.metadata_node = metadata_node or self.nodes[0]
+        # seconds gfarm2fs and the kernel keep attributes (gfarm2fs's default 1 s); 0 for workflows that
+        # hand files from node to node, else a job may see the size a file had before another node wrote it
+        self.stat_cache = stat_cache
         self.pending: list[tuple[str, str, str]] = []
         self.processes: dict[str, subprocess.Popen[Any]] = {}  # "gfmd", "gfsd:<node>", "gfarm2fs:<node>"
         self.failed = False
@@ -278,7 +282,8 @@ class Gfarm:
         self.emu.add_mount(str(mnt))
         # a UTS namespace whose hostname is the node's gfsd name: libgfarm's idea of "this host"
         argv = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', self.host(node),
-                "gfarm2fs", "-f", str(mnt), "-o", "attr_timeout=1,entry_timeout=1,loglevel=notice"]
+                "gfarm2fs", "-f", str(mnt), "-E", str(self.stat_cache), "-o",
+                f"attr_timeout={self.stat_cache},entry_timeout={self.stat_cache},loglevel=notice"]
         self._spawn(f"gfarm2fs:{node}", node, argv, confined=True)
 
     def _wait_mounted(self, node: str, timeout: float = 30.0) -> None:

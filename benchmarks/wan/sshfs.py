@@ -24,6 +24,10 @@ from . import sites as wan
 
 #: sshfs as a user mounts it: its defaults, with host keys of this run not checked
 SSHFS_OPTIONS = "StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,LogLevel=ERROR"
+#: for a workflow whose jobs hand files from node to node: no cached attributes or directory entries
+#: (sshfs's own cache keeps them 20 s by default: a job would see a file another node just wrote as
+#: it was before, or not at all)
+SSHFS_HANDOFF_OPTIONS = SSHFS_OPTIONS + ",cache=no,attr_timeout=0,entry_timeout=0,negative_timeout=0"
 
 
 class SshfsError(wan.WanError):
@@ -67,12 +71,13 @@ class CentralServer:
     name = "sshfs"
 
     def __init__(self, emu: wan.Emulation, work: Path, server: str, nodes: Sequence[str] | None = None,
-                 name: str = "sshfs") -> None:
+                 name: str = "sshfs", options: str = SSHFS_OPTIONS) -> None:
         self.emu, self.work = emu, work / "sshfs"
         self.server = server
         self.nodes = list(nodes if nodes is not None else emu.address)
         self.data = self.work / "server"
         self.name = name
+        self.options = options
         self.processes: dict[str, subprocess.Popen[Any]] = {}
 
     def place(self, kind: str, path: str, holder: str) -> None:
@@ -131,7 +136,7 @@ class CentralServer:
                 self.emu.add_mount(str(mnt))
                 self.processes[f"sshfs:{node}"] = self.emu.spawn(
                     node, ["sshfs", "-f", f"root@{address}:{self.data}", str(mnt), "-o",
-                           f"IdentityFile={keys / 'user'},{SSHFS_OPTIONS}"],
+                           f"IdentityFile={keys / 'user'},{self.options}"],
                     node=node, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for node in self.nodes:
                 wait_mounted(self.mount(node))

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -148,10 +149,12 @@ class Planner:
 # --- the make database ------------------------------------------------------------------------------
 
 
-def parse_make_database(text: str) -> Dag:
-    """The DAG in `make -p` output: targets with a recipe and their prerequisites; targets whose recipe is
-    empty and that depend on one such target (`proj/%_area.fits: proj/%.fits ;`) are that target's side outputs."""
+def parse_make_database(text: str, goals: Sequence[str] = ()) -> Dag:
+    """The DAG in `make -p` output: the targets with a recipe that `goals` (default: make's default goal)
+    need, their prerequisites, in the order make reaches them; targets whose recipe is empty and that
+    depend on one such target (`proj/%_area.fits: proj/%.fits ;`) are that target's side outputs."""
     section = text.rsplit("\n# Files\n", 1)[-1].split("\n# files hash-table stats:", 1)[0]
+    graph: dict[str, tuple[str, ...]] = {}
     deps: dict[str, tuple[str, ...]] = {}
     empty: dict[str, tuple[str, ...]] = {}
     for entry in section.split("\n\n"):
@@ -159,40 +162,48 @@ def parse_make_database(text: str) -> Dag:
         if not lines or lines[0].startswith("# Not a target:"):
             continue
         head = next((line for line in lines if line and not line.startswith(("#", "\t"))), None)
-        if head is None or ":" not in head or head.startswith((".", "%")):
+        if head is None or ":" not in head or head.startswith("."):
             continue
         target, _, rest = head.partition(":")
-        if rest.startswith(":") or "%" in target or " " in target.strip():
+        target = target.strip()
+        if rest.startswith(":") or "%" in target or " " in target or not target:
             continue  # double-colon rules, patterns, several targets
         prerequisites = tuple(p for p in rest.split("|", 1)[0].split() if p)
+        graph[target] = prerequisites
         recipe = [line for line in lines if line.startswith("\t") and line.strip()]
         if recipe:
-            deps[target.strip()] = prerequisites
+            deps[target] = prerequisites
         elif any(line.startswith("#  recipe to execute") for line in lines):
-            empty[target.strip()] = prerequisites
-    side = {target: pre[0] for target, pre in empty.items() if len(pre) == 1 and pre[0] in deps}
-    return Dag(deps, side, tuple(_post_order(deps)))
+            empty[target] = prerequisites
+    if not goals:
+        found = re.search(r"^\.DEFAULT_GOAL :?= (.*)$", text, re.MULTILINE)
+        goals = found.group(1).split() if found else [t for t in graph if not t.startswith(".")][:1]
+    order = _post_order(graph, goals, deps)
+    wanted = set(order)
+    side = {target: pre[0] for target, pre in empty.items() if len(pre) == 1 and pre[0] in wanted}
+    return Dag({t: deps[t] for t in order}, side, tuple(order))
 
 
-def _post_order(deps: Mapping[str, tuple[str, ...]]) -> list[str]:
-    """Jobs in the order make reaches them from its goals (the targets nothing depends on), depth first."""
-    wanted = {p for pre in deps.values() for p in pre}
-    goals = [t for t in deps if t not in wanted]
+def _post_order(graph: Mapping[str, tuple[str, ...]], goals: Sequence[str],
+                jobs: Mapping[str, tuple[str, ...]]) -> list[str]:
+    """The jobs `goals` need, in the order make reaches them (depth first, prerequisites first)."""
     seen: set[str] = set()
     order: list[str] = []
     for goal in goals:
-        stack: list[tuple[str, Iterator[str]]] = [(goal, iter(deps.get(goal, ())))]
+        if goal in seen or goal not in graph:
+            continue
         seen.add(goal)
+        stack: list[tuple[str, Iterator[str]]] = [(goal, iter(graph[goal]))]
         while stack:
             node, children = stack[-1]
             child = next(children, None)
             if child is None:
                 stack.pop()
-                if node in deps:
+                if node in jobs:
                     order.append(node)
-            elif child not in seen and child in deps:
+            elif child not in seen and child in graph:
                 seen.add(child)
-                stack.append((child, iter(deps[child])))
+                stack.append((child, iter(graph[child])))
     return order
 
 
@@ -342,6 +353,12 @@ class Prestager:
             self._refresh(new_paths)
         with self._lock:
             requests = planner.update(self._holdings, self._done, running=self.running)
+        if not self._complete:
+            # jobs the partial DAG does not show (pattern rules make has not looked at) would be placed
+            # by replicas made for the jobs it shows: plan, but copy nothing until the DAG is whole
+            planner.staged -= set(requests)
+            planner.sticky.clear()
+            requests = []
         self._write_plan(planner)
         for path, node in requests:
             self._pending.append(self._pool.submit(self._stage, path, node))

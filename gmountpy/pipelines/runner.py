@@ -70,6 +70,14 @@ case $PWD in
 esac
 GMOUNT_NODE=$node
 export GMOUNT_NODE
+if [ -n "$GMOUNT_PLACEMENT_SETTLE" ]; then
+  # a file system that publishes a closed file's size a moment after close() (Gfarm): the next
+  # job, maybe on another node, must not start before
+  ${GMOUNT_PLACEMENT_SHELL:-/bin/sh} "$@"
+  status=$?
+  sleep "$GMOUNT_PLACEMENT_SETTLE"
+  exit $status
+fi
 exec ${GMOUNT_PLACEMENT_SHELL:-/bin/sh} "$@"
 """
 
@@ -278,11 +286,14 @@ def run_on_cluster(cluster: Cluster, pipe: Pipeline, size: int, engine: str, pla
 
 def run_on_mounts(pipe: Pipeline, size: int, engine: str, mounts: Mapping[str, str], sites: Mapping[str, Sequence[str]],
                   *, system: str, scratch: str, placement: str = "random", seed: int = 1,
-                  inputs_at: Mapping[str, str] | None = None, options: Options | None = None) -> dict[str, Any]:
+                  inputs_at: Mapping[str, str] | None = None, options: Options | None = None,
+                  settle: float = 0.0) -> dict[str, Any]:
     """One run of `pipe` on another shared file system mounted on every node (Gfarm, a central server):
     the jobs spread by the baseline wrapper (`random`: a hash of the job; `single`: all on the first node),
     each in the same directory of its node's mount. Inputs are written through each holding node's mount,
-    or under `inputs_at[node]` (a central server's own directory) -- where they sit after acquisition."""
+    or under `inputs_at[node]` (a central server's own directory) -- where they sit after acquisition.
+    `settle`: seconds each job waits after it ended, for a file system that shows a closed file's size
+    on other nodes only a moment later."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}: choose {' or '.join(ENGINES)}")
     if placement not in ("random", "single"):
@@ -298,6 +309,8 @@ def run_on_mounts(pipe: Pipeline, size: int, engine: str, mounts: Mapping[str, s
     wrapper = _write_wrapper(scratch)
     shell = "/bin/sh" if engine == "make" else (shutil.which("bash") or "/bin/sh")
     env = placement_env(mounts, system, placement, home, home, seed, shell)
+    if settle > 0:
+        env["GMOUNT_PLACEMENT_SETTLE"] = f"{settle:g}"
     parallel = len(mounts) if placement == "random" else 1
     started_ns = time.time_ns()
     run = _run_engine(_engine_command(engine, parallel, _baseline_args(engine, wrapper)), home_dir, env,
@@ -311,7 +324,7 @@ def run_on_mounts(pipe: Pipeline, size: int, engine: str, mounts: Mapping[str, s
     return {"pipeline": pipe.name, pipe.size_name: size, "engine": engine, "placement": placement, "system": system,
             "nodes": {n: s for s, ns in sites.items() for n in ns}, "workdir": workdir, "directory": home_dir,
             "makespan_s": round(run.seconds, 3), "jobs": len(jobs), "declared_input_bytes": {"total": input_bytes},
-            "started_ns": started_ns, **(options or {})}
+            "started_ns": started_ns, "settle_s": settle, **(options or {})}
 
 
 def _plain_walk(root: str) -> dict[str, int]:
