@@ -141,6 +141,17 @@ def bench_wan_session(session: nox.Session) -> None:
     bench_wan(session, session.posargs)
 
 
+@nox.session(name="bench-pipelines")
+def bench_pipelines(session: nox.Session) -> None:
+    """The reference pipelines across two emulated WAN sites, each node with its own CPU: gmountpy's
+    placements beside Gfarm and a central sshfs server (root). `-- --quick` for small inputs; other
+    arguments go to benchmarks/wan/bench_pipelines.py for both pipelines, e.g. `-- --bandwidth-mbit 100`."""
+    ensure_system_packages(session, BASE_PACKAGES + WAN_PACKAGES + GFARM_PACKAGES + PIPELINE_PACKAGES)
+    install_project(session, "[pipelines,snakemake]")
+    for name in ("montage", "event"):
+        session.run("python", "-m", "benchmarks.wan.bench_pipelines", name, *session.posargs)
+
+
 def _pipeline(session: nox.Session, name: str) -> None:
     ensure_system_packages(session, BASE_PACKAGES + PIPELINE_PACKAGES)
     install_project(session, "[pipelines,snakemake]")

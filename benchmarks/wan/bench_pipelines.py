@@ -158,12 +158,14 @@ def run_worker(emu: wan.Emulation, spec: dict[str, Any], work: Path) -> dict[str
 def measured(emu: wan.Emulation, run: Any) -> dict[str, Any]:
     """Run `run()` and add what the harness saw meanwhile: WAN bytes into each site, CPU seconds per node."""
     groups = emu.node_cgroups()
+    load_start = os.getloadavg()[0]
     wan_before = emu.wan_bytes()
     cpu_before = groups.usage_all() if groups is not None else {}
     report: dict[str, Any] = run()
     wan_after = emu.wan_bytes()
     report["wan_bytes"] = {site: wan_after[site] - wan_before.get(site, 0) for site in wan_after}
     report["wan_bytes_total"] = sum(report["wan_bytes"].values())
+    report["loadavg_1min"] = [round(load_start, 2), round(os.getloadavg()[0], 2)]  # at start and end: others' work
     if groups is not None:
         after = groups.usage_all()
         report["cpu_seconds_by_node"] = {
@@ -174,12 +176,12 @@ def measured(emu: wan.Emulation, run: Any) -> dict[str, Any]:
 
 
 def compare(name: str, size: int, options: dict[str, int], rtt_ms: float, mbit: float | None, systems: list[str],
-            engine: str, seed: int, prestage: bool, work: Path) -> dict[str, Any]:
-    """One emulation at one bandwidth: the reference, then every system; the runs in order."""
+            engine: str, seed: int, prestage: bool, work: Path, rounds: int = 1) -> dict[str, Any]:
+    """One emulation at one bandwidth: the reference, then every system, `rounds` times (every other
+    round in reverse order, so that a machine growing busier or quieter favours no system)."""
     cluster = f"wanpipe-{os.getpid()}-{int(mbit or 0)}"
     toml = work / "cluster.toml"
     toml.write_text(cluster_toml(work, cluster, rtt_ms, mbit))
-    nodes = [n for ns in SITES.values() for n in ns]
     runs: list[dict[str, Any]] = []
     base = {"pipeline": name, "size": size, "engine": engine, "options": options, "seed": seed}
     with wan.emulate(toml, workdir=work, node_cpus=True) as emu:
@@ -190,36 +192,40 @@ def compare(name: str, size: int, options: dict[str, int], rtt_ms: float, mbit: 
                                                            "directory": reference_dir}, work))
         reference["system"] = "single-directory"
         log(f"single directory (one node, no gmount): {reference['makespan_s']:.1f} s")
-        wanted = [s for s in systems if s in GMOUNT_SYSTEMS]
-        if wanted:
-            with wan.gmount_cluster(emu):
-                for system in wanted:
-                    spec = {**base, "kind": "gmountpy", "cluster": cluster, "placement": GMOUNT_SYSTEMS[system],
-                            "scratch": str(work / "logs"), "reference": reference_dir, "system": system}
-                    if system == "gmountpy-nostage" or (system == "gmountpy-locality" and not prestage):
-                        spec["no_prestage"] = True
-                    runs.append(_one(emu, system, spec, work))
-        if "gfarm" in systems:
-            peer = gfarm.Gfarm(emu, work, nodes, metadata_node=nodes[0], stat_cache=0)
-            with peer.running():
-                peer.check()
-                mounts = {n: str(peer.mount(n)) for n in nodes}
-                spec = {**base, "kind": "mounts", "system": "gfarm", "mounts": mounts, "sites": SITES,
-                        "scratch": str(work / "logs"), "reference": reference_dir, "settle": GFARM_SETTLE}
-                runs.append(_one(emu, "gfarm", spec, work))
-        if "central" in systems:
-            server = sshfs.CentralServer(emu, work, nodes[0], nodes, name="central",
-                                         options=sshfs.SSHFS_HANDOFF_OPTIONS)
-            with server.running():
-                server.check()
-                mounts = {n: str(server.mount(n)) for n in nodes}
-                spec = {**base, "kind": "mounts", "system": "central", "mounts": mounts, "sites": SITES,
-                        "inputs_at": {n: str(server.data) for n in nodes},
-                        "scratch": str(work / "logs"), "reference": reference_dir}
-                runs.append(_one(emu, "central", spec, work))
+        for round_ in range(rounds):
+            for system in (systems if round_ % 2 == 0 else systems[::-1]):
+                spec = {**base, "scratch": str(work / "logs"), "reference": reference_dir, "system": system}
+                report = run_system(emu, system, spec, work, cluster, prestage)
+                report["round"] = round_
+                runs.append(report)
         described = emu.link()
     return {"rtt_ms": rtt_ms, "bandwidth_mbit": mbit, "measured_link": link, "cpus": described["cpus"],
-            "single_directory": reference, "runs": runs, "ratios": ratios(runs)}
+            "single_directory": reference, "runs": runs, "rounds": rounds, "ratios": ratios(runs)}
+
+
+def run_system(emu: wan.Emulation, system: str, spec: dict[str, Any], work: Path, cluster: str,
+               prestage: bool) -> dict[str, Any]:
+    """One run of one system: its file system brought up on the emulation, the pipeline, then torn down."""
+    nodes = [n for ns in SITES.values() for n in ns]
+    if system in GMOUNT_SYSTEMS:
+        spec = {**spec, "kind": "gmountpy", "cluster": cluster, "placement": GMOUNT_SYSTEMS[system]}
+        if system == "gmountpy-nostage" or (system == "gmountpy-locality" and not prestage):
+            spec["no_prestage"] = True
+        with wan.gmount_cluster(emu):
+            return _one(emu, system, spec, work)
+    if system == "gfarm":
+        peer = gfarm.Gfarm(emu, work, nodes, metadata_node=nodes[0], stat_cache=0)
+        with peer.running():
+            peer.check()
+            spec = {**spec, "kind": "mounts", "mounts": {n: str(peer.mount(n)) for n in nodes}, "sites": SITES,
+                    "settle": GFARM_SETTLE}
+            return _one(emu, system, spec, work)
+    server = sshfs.CentralServer(emu, work, nodes[0], nodes, name="central", options=sshfs.SSHFS_HANDOFF_OPTIONS)
+    with server.running():
+        server.check()
+        spec = {**spec, "kind": "mounts", "mounts": {n: str(server.mount(n)) for n in nodes}, "sites": SITES,
+                "inputs_at": {n: str(server.data) for n in nodes}}
+        return _one(emu, system, spec, work)
 
 
 def _one(emu: wan.Emulation, system: str, spec: dict[str, Any], work: Path) -> dict[str, Any]:
@@ -237,9 +243,18 @@ def _one(emu: wan.Emulation, system: str, spec: dict[str, Any], work: Path) -> d
     return report
 
 
+def medians(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Each system's median makespan over its rounds (failed runs left out)."""
+    spans: dict[str, list[float]] = {}
+    for run in runs:
+        if run.get("makespan_s"):
+            spans.setdefault(run["system"], []).append(float(run["makespan_s"]))
+    return {system: statistics.median(values) for system, values in spans.items()}
+
+
 def ratios(runs: list[dict[str, Any]]) -> dict[str, float]:
-    """gmountpy-locality's makespan over each other system's (the targets are stated against these)."""
-    span = {r["system"]: r["makespan_s"] for r in runs if r.get("makespan_s")}
+    """gmountpy-locality's (median) makespan over each other system's (the targets are stated against these)."""
+    span = medians(runs)
     ours = span.get("gmountpy-locality")
     if not ours:
         return {}
@@ -257,15 +272,27 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(len(settings), 2, figsize=(12, 3.6 * len(settings)), squeeze=False)
     for row, setting in zip(axes, settings, strict=True):
         runs = [setting["single_directory"], *setting["runs"]]
-        labels = [r["system"].replace("gmountpy-", "gmountpy\n") for r in runs]
-        colors = ["grey" if r["system"] == "single-directory" else
-                  "tab:green" if r["system"] == "gmountpy-locality" else
-                  "tab:blue" if r["system"].startswith("gmountpy") else "tab:red" for r in runs]
+        systems = list(dict.fromkeys(r["system"] for r in runs))
+        span = medians(runs)
+        labels = [s.replace("gmountpy-", "gmountpy\n") for s in systems]
+        colors = ["grey" if s == "single-directory" else "tab:green" if s == "gmountpy-locality" else
+                  "tab:blue" if s.startswith("gmountpy") else "tab:red" for s in systems]
         cap = f"{setting['bandwidth_mbit']:g} Mbit/s" if setting["bandwidth_mbit"] else "no cap"
-        row[0].bar(labels, [r["makespan_s"] or 0 for r in runs], color=colors)  # a failed run: no bar
-        row[0].set_ylabel("makespan (s)")
+        row[0].bar(labels, [span.get(s, 0) for s in systems], color=colors)  # a failed run: no bar
+        wan_mib: dict[str, list[float]] = {}
+        for run in runs:
+            i = systems.index(run["system"])
+            if run.get("makespan_s"):
+                row[0].plot(i, run["makespan_s"], "k.", markersize=4)  # each round
+            wan_mib.setdefault(run["system"], []).append(run.get("wan_bytes_total", 0) / 2**20)
+        row[0].set_ylabel("makespan (s; bar: median)")
         row[0].set_title(f"makespan — RTT {setting['rtt_ms']:g} ms, {cap}", fontsize=9)
-        row[1].bar(labels, [r.get("wan_bytes_total", 0) / 2**20 for r in runs], color=colors)
+        bars = row[1].bar(labels, [statistics.median(wan_mib[s]) for s in systems], color=colors)
+        for bar, system in zip(bars, systems, strict=True):
+            remote = [r["bytes_read"]["remote_fraction"] for r in runs if r["system"] == system and r.get("bytes_read")]
+            if remote:  # gmountpy's own counters: the share of the jobs' reads that came from another node
+                row[1].annotate(f"jobs {100 * statistics.median(remote):.0f}% remote", (bar.get_x(), bar.get_height()),
+                                fontsize=6, va="bottom")
         row[1].set_ylabel("MiB across the WAN")
         row[1].set_title("bytes that crossed the WAN (hub counters)", fontsize=9)
         for ax in row:
@@ -302,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", choices=["make", "snakemake"], default="make")
     parser.add_argument("--seed", type=int, default=1, help="seed of the random placements")
     parser.add_argument("--no-prestage", action="store_true", help="gmountpy-locality without DAG-aware staging")
+    parser.add_argument("--rounds", type=int, default=1, help="run every system this many times, every other "
+                        "round in reverse order; ratios of medians (default 1)")
     parser.add_argument("--quick", action="store_true", help="small inputs (a check that everything runs)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(raw)
@@ -340,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
             stack.callback(lambda old=old_state: os.environ.__setitem__("XDG_STATE_HOME", old) if old
                            else os.environ.pop("XDG_STATE_HOME", None))
             setting = compare(args.pipeline, size, sizes, args.rtt_ms, mbit, systems, args.engine, args.seed,
-                              not args.no_prestage, work)
+                              not args.no_prestage, work, args.rounds)
         result["settings"].append(setting)
         log(f"{mbit:g} Mbit/s: " + ", ".join(f"{k} {v:.2f}" for k, v in setting["ratios"].items()))
         out.parent.mkdir(parents=True, exist_ok=True)
