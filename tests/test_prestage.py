@@ -162,3 +162,47 @@ def test_nothing_is_staged_for_the_ready_jobs_the_engine_starts_now() -> None:
     planner = Planner(dag, ["n1", "n2"])
     requests = planner.update(holdings, done=[], running=1)
     assert [node for _, node in requests] == [planner.plan["c2"]] and len(requests) == 1
+
+
+PAIR_SNAKEFILE = """\
+rule all:
+    input: "c.out"
+rule a:
+    input: "a.in"
+    output: "a.out"
+    shell: "cp {input} {output}"
+rule b:
+    input: "b.in"
+    output: "b.out"
+    shell: "sleep 6; cp {input} {output}"
+rule c:
+    input: "a.out", "b.out"
+    output: "c.out"
+    shell: "cat {input} > {output}"
+"""
+
+
+def test_snakemake_consumer_of_a_pair_runs_where_it_was_planned_and_reads_nothing_remotely(tmp_path: Path) -> None:
+    """The same pair through the Snakemake executor: it tells the prestager each finished job, and runs c on
+    the node planned for it, where a.out was staged while b ran."""
+    require("FUSE", fuse_problem())
+    sites = {"east": ["n1"], "west": ["n2"]}
+    with local_cluster(tmp_path, f"pres-{os.getpid()}", sites, [("east", "west", 2.0)]) as running:
+        (running.export("n1") / "s").mkdir()
+        (running.export("n2") / "s").mkdir()
+        (running.export("n1") / "s" / "a.in").write_bytes(os.urandom(2 * MIB))
+        (running.export("n2") / "s" / "b.in").write_bytes(os.urandom(2 * MIB))
+        work = Path(running.spec.node("n1").mountpoint) / "s"
+        (work / "Snakefile").write_text(PAIR_SNAKEFILE)
+        cluster = Cluster.open(running.spec.name)
+        time.sleep(1.0)
+        before = cluster.counters()
+        done = subprocess.run([sys.executable, "-m", "snakemake", "-j", "2", "--executor", "gmount", "--nolock",
+                               "--latency-wait", "10"], cwd=work, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"})
+        after = cluster.counters()
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "DAG-aware staging copied 1 files" in done.stderr, done.stderr[-3000:]
+        assert (running.export("n2") / "s" / "c.out").exists(), "the consumer did not run on its planned node"
+        remote = sum(after[n].get("read_remote", 0) - before[n].get("read_remote", 0) for n in after)
+        assert remote < 64 * 1024, f"jobs read {remote} bytes remotely"

@@ -252,9 +252,13 @@ class PrestageStats:
 
 
 class Prestager:
-    """Follows one make run through its placement log and stages ahead of the jobs (see the module doc)."""
+    """Stages ahead of one workflow run (see the module doc), in a thread of its own.
 
-    def __init__(self, cluster: StagingCluster, directory: str, namespace_dir: str, log_path: str,
+    It learns which jobs finished, and where, from the make plugin's placement log (`log_path`) or
+    from `notify` (the Snakemake executor), and reads the DAG from `dag_source` when it starts and,
+    while that DAG is incomplete, after jobs finished."""
+
+    def __init__(self, cluster: StagingCluster, directory: str, namespace_dir: str, log_path: str | None,
                  dag_source: Callable[[], tuple[Dag, bool]], *, min_bytes: int = MIN_BYTES,
                  concurrency: int = 2, poll: float = 0.2, running: int = 1) -> None:
         self.cluster = cluster
@@ -277,12 +281,29 @@ class Prestager:
         self._planner: Planner | None = None
         self._complete = False
         self._plan_text = ""
+        self._notified: list[tuple[str, str]] = []
+        self._reload = False
+        self._wake = threading.Event()
 
     def start(self) -> None:
         self._thread.start()
 
+    def notify(self, finished: Iterable[tuple[str, str]], dag_changed: bool = False) -> None:
+        """Jobs (target, node) that finished; `dag_changed`: read the DAG again before planning."""
+        with self._lock:
+            self._notified += list(finished)
+            self._reload |= dag_changed
+        self._wake.set()
+
+    def planned(self, target: str) -> str | None:
+        """The node planned for a job not run yet, or None."""
+        with self._lock:
+            planner = self._planner
+            return planner.plan.get(target) if planner is not None and target not in self._done else None
+
     def stop(self) -> PrestageStats:
         self._stop.set()
+        self._wake.set()
         self._thread.join()
         for future in self._pending:
             future.cancel()
@@ -297,16 +318,20 @@ class Prestager:
         while not self._stop.is_set():
             try:
                 finished, offset = self._read_log(offset)
-                # the DAG again only when a recipe finished and it was not complete (an included makefile
-                # may exist now): asking make costs the head node tens of milliseconds
-                if first or (finished and not self._complete):
+                with self._lock:
+                    finished += self._notified
+                    reload, self._notified, self._reload = self._reload, [], False
+                # the DAG again only when a job finished and it was not complete (an included makefile
+                # may exist now), or when told: asking make costs the head node tens of milliseconds
+                if first or reload or (finished and not self._complete):
                     first = False
                     self._load_dag()
                 if finished:
                     self._step(finished)
             except Exception as exc:  # a failed step must not end the run: the jobs still read remotely
                 self.stats.errors.append(f"{type(exc).__name__}: {exc}")
-            self._stop.wait(self.poll)
+            self._wake.wait(self.poll)
+            self._wake.clear()
 
     def _load_dag(self) -> None:
         dag, complete = self.dag_source()
@@ -326,6 +351,8 @@ class Prestager:
 
     def _read_log(self, offset: int) -> tuple[list[tuple[str, str]], int]:
         """(target, node) of the recipes finished since `offset`, and the new offset."""
+        if self.log_path is None:
+            return [], offset
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(offset)
@@ -365,6 +392,8 @@ class Prestager:
 
     def _write_plan(self, planner: Planner) -> None:
         """The plan of the jobs not run yet, for the make plugin (`planned.planned_node`), replaced atomically."""
+        if self.log_path is None:
+            return
         text = "".join(f"{job}\t{node}\n" for job, node in planner.plan.items() if job not in self._done)
         if text == self._plan_text:
             return
@@ -421,6 +450,63 @@ def follow(cluster: StagingCluster, directory: str, namespace_dir: str, log_path
         yield prestager
     finally:
         prestager.stop()
+
+
+class SnakemakeStaging:
+    """DAG-aware staging for the Snakemake executor: what it tells a Prestager, in Snakemake's terms.
+
+    A job is known by its first output (relative to the working directory); its other outputs are
+    side outputs. The DAG is read from Snakemake's own (`workflow.dag`) in the executor's thread,
+    each time a job finished (checkpoints add jobs), and handed to the prestager's thread."""
+
+    def __init__(self, cluster: StagingCluster, directory: str, namespace_dir: str, workflow: Any,
+                 running: int = 1) -> None:
+        self._workflow = workflow
+        self._directory = directory
+        self._dag: tuple[Dag, bool] = (Dag({}), True)
+        self.prestager = Prestager(cluster, directory, namespace_dir, None, lambda: self._dag, running=running)
+        self._dag = (self._read_dag(), True)
+        self.prestager.start()
+
+    def _key(self, path: Any) -> str | None:
+        text = str(path)
+        if "://" in text or not text:
+            return None
+        if os.path.isabs(text):
+            text = os.path.relpath(text, self._directory)
+        return text
+
+    def _read_dag(self) -> Dag:
+        dag = self._workflow.dag
+        deps: dict[str, tuple[str, ...]] = {}
+        side: dict[str, str] = {}
+        order: list[str] = []
+        for level in dag.toposorted(list(dag.needrun_jobs())):
+            for job in sorted(level, key=lambda j: j.jobid):
+                outputs = [k for k in (self._key(f) for f in job.output) if k]
+                if not outputs:
+                    continue
+                deps[outputs[0]] = tuple(k for k in (self._key(f) for f in job.input) if k)
+                side.update({other: outputs[0] for other in outputs[1:]})
+                order.append(outputs[0])
+        return Dag(deps, side, tuple(order))
+
+    def target(self, job: Any) -> str | None:
+        outputs = [k for k in (self._key(f) for f in job.output) if k]
+        return outputs[0] if outputs else None
+
+    def planned(self, job: Any) -> str | None:
+        target = self.target(job)
+        return self.prestager.planned(target) if target is not None else None
+
+    def finished(self, job: Any, node: str) -> None:
+        """A job ended well on `node` (call from the executor's thread)."""
+        target = self.target(job)
+        self._dag = (self._read_dag(), True)
+        self.prestager.notify([(target, node)] if target is not None else [], dag_changed=True)
+
+    def stop(self) -> PrestageStats:
+        return self.prestager.stop()
 
 
 def enabled() -> bool:

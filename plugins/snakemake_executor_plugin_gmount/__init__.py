@@ -17,7 +17,10 @@ bytes read locally and remotely, seconds, exit status. Job stdout/stderr go
 to `.gmount/snakemake-logs/`; a failing job's error shows the end of its
 stderr. Ctrl-C stops every running job with everything it started.
 
-Only the public gmountpy API is used (gmountpy.api).
+Only the public gmountpy API is used (gmountpy.api), and DAG-aware staging
+(gmountpy.jobs.prestage): each finished job's outputs are staged ahead of time to the
+node its consumers are planned on, and a job runs on its planned node when the
+placement rule counts that node as a candidate (GMOUNT_PRESTAGE=0 turns it off).
 """
 
 # No `from __future__ import annotations`: Snakemake reads the settings' field types at run time.
@@ -41,6 +44,7 @@ from snakemake_interface_executor_plugins.settings import CommonSettings, Execut
 
 from gmountpy import GmountError
 from gmountpy.api import Cluster, Spawned
+from gmountpy.jobs import prestage
 
 #: How often running jobs are polled (they are local processes: polling is cheap).
 _POLL_SECONDS = 0.25
@@ -113,6 +117,10 @@ class Executor(RemoteExecutor):
         self.next_seconds_between_status_checks = _POLL_SECONDS
         self.logger.info(f"gmount: cluster {self.cluster.name}, head node {self.head_node}; "
                          f"placement log {os.path.relpath(self.log_path)}")
+        # DAG-aware staging: a finished job's outputs go ahead of time to where their consumers will run
+        self.staging = prestage.SnakemakeStaging(
+            self.cluster, cwd, self.directory, self.workflow,
+            running=getattr(self.workflow.resource_settings, "nodes", None) or 1) if prestage.enabled() else None
 
     # -- choosing the node ---------------------------------------------------------
 
@@ -135,6 +143,9 @@ class Executor(RemoteExecutor):
                                     f"(nodes: {', '.join(self.cluster.nodes.names)})")
             return node, "resources.gmount_node"
         placement = self.cluster.place(inputs)
+        planned = self.staging.planned(job) if self.staging is not None else None
+        if planned is not None and any(row.node == planned and row.candidate for row in placement.rows):
+            return planned, f"planned by DAG-aware staging; {placement.reason}"
         return placement.node, placement.reason
 
     def _input_bytes(self, inputs: list[str], node: str) -> tuple[int, int]:
@@ -190,6 +201,8 @@ class Executor(RemoteExecutor):
             self._log(job_info.job, running, status,
                       command_exit=None if status == 0 else _command_status(_read_tail(running.stderr)))
             if status == 0:
+                if self.staging is not None:
+                    self.staging.finished(job_info.job, running.node)
                 self.report_job_success(job_info)
             else:
                 text = _read_tail(running.stderr)
@@ -200,6 +213,14 @@ class Executor(RemoteExecutor):
                 self.report_job_error(job_info, msg=(
                     f"gmount: job {job_info.job.name} ({job_info.job.jobid}) failed on node {running.node}: {why}. "
                     f"Its stderr there:\n{said}\n(whole log: {running.stderr})\n"), aux_logs=[running.stderr])
+
+    def shutdown(self) -> None:
+        if self.staging is not None:
+            stats = self.staging.stop()
+            self.logger.info(f"gmount: DAG-aware staging copied {stats.staged_files} files "
+                             f"({stats.staged_bytes} bytes) ahead of their jobs"
+                             + (f"; {len(stats.errors)} problems, first: {stats.errors[0]}" if stats.errors else ""))
+        super().shutdown()
 
     def cancel_jobs(self, active_jobs: list[SubmittedJobInfo]) -> None:
         """Stop every running job (SIGTERM to its process group, SIGKILL after the grace time)."""
