@@ -8,9 +8,10 @@
 
 Two sites of one node each (`n1` at tsukuba, `n2` at hongo), the link's RTT and bandwidth
 cap as given, every node with a CPU of its own (a cgroup per node: its daemons and the jobs
-placed on it run there; benchmarks/wan/cgroups.py). One emulation per bandwidth; in it, one
-after another, on the same inputs (made the same way: each site holds its half, as after
-acquisition):
+placed on it run there; benchmarks/wan/cgroups.py) and as many job slots as CPUs: every
+system runs as many jobs at once (make -j) as the nodes have slots, `single` one node's.
+One emulation per bandwidth; in it, one after another, on the same inputs (made the same
+way: each site holds its half, as after acquisition):
 
 - single-directory:  the pipeline on one plain local directory, in n1's cgroup -- the
                      reference every result is checked against, and one node without gmount;
@@ -68,9 +69,15 @@ QUICK = {"montage": {"size": 4, "tile_pixels": 256}, "event": {"size": 4, "abstr
 GFARM_SETTLE = 0.5
 
 
+def slots() -> int:
+    """Jobs a node runs at once: the CPUs it owns (this machine's CPUs shared out among the nodes)."""
+    nodes = sum(len(ns) for ns in SITES.values())
+    return max(1, len(os.sched_getaffinity(0)) // nodes)
+
+
 def cluster_toml(work: Path, name: str, rtt_ms: float, mbit: float | None) -> str:
     lines = [f'name = "{name}"', "create_export = true", "[defaults]", f'export = "{work}/gmount/{{node}}/export"',
-             f'mountpoint = "{work}/gmount/{{node}}/mnt"']
+             f'mountpoint = "{work}/gmount/{{node}}/mnt"', f"slots = {slots()}"]
     for site, nodes in SITES.items():
         lines += [f"[sites.{site}]", "nodes = [" + ", ".join(f'"{n}"' for n in nodes) + "]"]
     lines += ["[[links]]", f"sites = {json.dumps(list(SITES))}", f"rtt_ms = {rtt_ms}"]
@@ -123,7 +130,8 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     else:
         report = run_on_mounts(pipe, spec["size"], spec["engine"], spec["mounts"], spec["sites"],
                                system=spec["system"], scratch=spec["scratch"], seed=spec["seed"],
-                               inputs_at=spec.get("inputs_at"), options=options, settle=spec.get("settle", 0.0))
+                               inputs_at=spec.get("inputs_at"), options=options, settle=spec.get("settle", 0.0),
+                               slots=spec.get("slots", 1))
     difference = check_against(report, pipe, spec["reference"])
     report["check"] = "same as single directory" if difference is None else f"DIFFERS: {difference}"
     return report
@@ -218,13 +226,13 @@ def run_system(emu: wan.Emulation, system: str, spec: dict[str, Any], work: Path
         with peer.running():
             peer.check()
             spec = {**spec, "kind": "mounts", "mounts": {n: str(peer.mount(n)) for n in nodes}, "sites": SITES,
-                    "settle": GFARM_SETTLE}
+                    "settle": GFARM_SETTLE, "slots": slots()}
             return _one(emu, system, spec, work)
     server = sshfs.CentralServer(emu, work, nodes[0], nodes, name="central", options=sshfs.SSHFS_HANDOFF_OPTIONS)
     with server.running():
         server.check()
         spec = {**spec, "kind": "mounts", "mounts": {n: str(server.mount(n)) for n in nodes}, "sites": SITES,
-                "inputs_at": {n: str(server.data) for n in nodes}}
+                "inputs_at": {n: str(server.data) for n in nodes}, "slots": slots()}
         return _one(emu, system, spec, work)
 
 
