@@ -9,6 +9,11 @@ the plot) on a synthetic result.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -62,3 +67,35 @@ def test_ratios_and_plot_on_a_made_up_result(tmp_path: Path) -> None:
                             "runs": runs}]}
     bench_pipelines.plot(result, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_ctrl_c_in_the_middle_of_a_run_tears_everything_down(wan: None, tmp_path: Path) -> None:  # noqa: F811
+    """SIGINT while Gfarm runs the pipeline: the comparison stops, and no namespace, cgroup, mount or
+    process of the run is left."""
+    require("FUSE", fuse_problem())
+    require("cgroups", cgroups.problem())
+    require("Gfarm (Debian gfmd gfsd gfarm2fs gfarm-client)", gf.problem())
+    root = Path(__file__).resolve().parents[2]
+    process = subprocess.Popen([sys.executable, "-m", "benchmarks.wan.bench_pipelines", "montage", "--size", "4",
+                                "--tile-pixels", "32", "--bandwidth-mbit", "1000", "--systems", "gfarm",
+                                "--out", str(tmp_path / "r.json")], cwd=root, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert process.stderr is not None
+    seen = []
+    for line in process.stderr:
+        seen.append(line)
+        if "gfarm: running" in line:
+            break
+    time.sleep(3)  # the pipeline is running on the gfarm2fs mounts
+    process.send_signal(signal.SIGINT)
+    rest, _ = process.communicate(timeout=180)
+    assert process.returncode != 0, "".join(seen) + rest
+    prefix = f"gmw{process.pid}x"
+    assert prefix not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for hierarchy in Path("/sys/fs/cgroup").iterdir():
+        assert not list(hierarchy.glob(f"{prefix}*")), f"a cgroup of the run is left in {hierarchy}"
+    with open("/proc/self/mounts") as f:
+        assert str(tmp_path) not in f.read(), "a mount of the run is left"
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert not [line for line in out.splitlines() if str(tmp_path) in line and "ps -eo" not in line]
+    assert not list(tmp_path.glob("gmw-pipe-*")), "the run's directory is left"
