@@ -206,3 +206,17 @@ def test_snakemake_consumer_of_a_pair_runs_where_it_was_planned_and_reads_nothin
         assert (running.export("n2") / "s" / "c.out").exists(), "the consumer did not run on its planned node"
         remote = sum(after[n].get("read_remote", 0) - before[n].get("read_remote", 0) for n in after)
         assert remote < 64 * 1024, f"jobs read {remote} bytes remotely"
+
+
+def test_jobs_of_one_level_are_spread_when_their_small_inputs_can_be_moved() -> None:
+    """make runs jobs in its order: four projections whose tiles all sit on n1 would have n1 run two at a
+    time while n2 idles; the plan sends every other one to n2 with its tile staged there, but not a job
+    whose input is too big to move."""
+    dag = Dag({f"p{i}": (f"raw{i}",) for i in range(5)}, {}, tuple(f"p{i}" for i in range(5)))
+    holdings = {f"raw{i}": {"n1": 4 * MIB} for i in range(4)}
+    holdings["raw4"] = {"n1": 200 * MIB}
+    planner = Planner(dag, ["n1", "n2"])
+    requests = planner.update(holdings, done=[])
+    assert [planner.plan[f"p{i}"] for i in range(4)] == ["n1", "n2", "n1", "n2"]
+    assert requests == [("raw1", "n2"), ("raw3", "n2")]
+    assert planner.plan["p4"] == "n1"  # 200 MiB to stage: it stays with its data

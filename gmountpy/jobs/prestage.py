@@ -9,8 +9,11 @@ corrected tile. Knowing the workflow's DAG, such reads can be moved out of the j
   on (estimated at the size of the job's produced inputs), in units of `min_bytes` (small
   tables do not decide); ties go to the node where inputs are still to be produced (they
   cannot be moved ahead of time, the produced ones can), then to the node with fewer planned
-  jobs, then to the node holding more of the inputs, then to cluster order. A job keeps its
-  plan once something was staged for it.
+  jobs, then to the node holding more of the inputs, then to cluster order. Then, as an engine
+  runs jobs in its own order whatever node holds their data, a job whose node has more jobs of
+  its level (depth in the DAG) than another node goes to that node if its inputs, all made
+  already, cost at most `move_bytes` to stage there. A job keeps its plan once something was
+  staged for it.
 - the plan is written next to the placement log (`<log>.plan`, "target<TAB>node" lines): the
   make plugin runs a job on its planned node when that node is a candidate under the
   placement rule (holds at least half of the best node's bytes), so that replicas made for
@@ -48,6 +51,8 @@ Holdings = dict[str, dict[str, int]]
 
 #: files smaller than this are read remotely rather than staged (a stage costs round trips too)
 MIN_BYTES = 256 * 1024
+#: a job is planned away from its data, to even out the nodes, only if this much or less must be staged for it
+MOVE_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -71,15 +76,25 @@ class Dag:
 class Planner:
     """Where each job of a DAG will run, and what to stage for it; knows nothing of clusters or files."""
 
-    def __init__(self, dag: Dag, nodes: Sequence[str], min_bytes: int = MIN_BYTES) -> None:
+    def __init__(self, dag: Dag, nodes: Sequence[str], min_bytes: int = MIN_BYTES,
+                 move_bytes: int = MOVE_BYTES) -> None:
         if not nodes:
             raise ValueError("`nodes` must not be empty")
         self.dag = dag
         self.nodes = list(nodes)
         self.min_bytes = min_bytes
+        self.move_bytes = move_bytes
         self.plan: dict[str, str] = {}       # job -> planned node
         self.sticky: set[str] = set()        # jobs something was staged for: their plan stays
         self.staged: set[tuple[str, str]] = set()  # (path, node) asked for
+        self.level = self._levels()          # job -> depth in the DAG: jobs of one level tend to run together
+
+    def _levels(self) -> dict[str, int]:
+        level: dict[str, int] = {}
+        for job in self.dag.order:  # producers come before their consumers
+            below = [level[q] for q in (self.dag.producer(p) for p in self.dag.inputs(job)) if q in level]
+            level[job] = 1 + max(below, default=-1)
+        return level
 
     def update(self, holdings: Mapping[str, Mapping[str, int]], done: Iterable[str],
                started: Iterable[str] = (), running: int = 0) -> list[tuple[str, str]]:
@@ -91,18 +106,22 @@ class Planner:
         would come too late for them, so nothing is staged for them."""
         finished = set(done) | set(started)
         load = {node: 0 for node in self.nodes}
+        level_load: dict[int, dict[str, int]] = {}
         for job in self.dag.order:
             if job in finished and job in self.plan:
                 load[self.plan[job]] += 1
+                level_load.setdefault(self.level[job], dict.fromkeys(self.nodes, 0))[self.plan[job]] += 1
         requests: list[tuple[str, str]] = []
         starting = running
         for job in self.dag.order:
             if job in finished:
                 continue
+            wave = level_load.setdefault(self.level[job], dict.fromkeys(self.nodes, 0))
             if job not in self.sticky:
-                self.plan[job] = self._choose(job, holdings, load)
+                self.plan[job] = self._balance(job, self._choose(job, holdings, load), holdings, wave)
             node = self.plan[job]
             load[node] += 1
+            wave[node] += 1
             if starting > 0 and all(holdings.get(p) or self.dag.producer(p) is None for p in self.dag.inputs(job)):
                 starting -= 1
                 continue
@@ -116,6 +135,27 @@ class Planner:
                 self.staged.add((path, node))
                 self.sticky.add(job)
         return requests
+
+    def _balance(self, job: str, node: str, holdings: Mapping[str, Mapping[str, int]],
+                 wave: Mapping[str, int]) -> str:
+        """`node`, or the node with the fewest jobs of this job's level if `node` has more and moving the job
+        costs at most `move_bytes` of copies of inputs made already (an input still to be made cannot be
+        moved ahead of time: such a job stays). The engine runs jobs in its order, whatever node holds their
+        data: without this, a node holding the first inputs of a level runs two jobs while another idles."""
+        order = {n: i for i, n in enumerate(self.nodes)}
+        lightest = min(self.nodes, key=lambda n: (wave[n], order[n]))
+        if wave[node] <= wave[lightest]:
+            return node
+        cost = 0
+        for path in self.dag.inputs(job):
+            held = holdings.get(path)
+            if not held:
+                if self.dag.producer(path) is not None:
+                    return node
+                continue
+            if lightest not in held and (path, lightest) not in self.staged:
+                cost += max(held.values())
+        return lightest if cost <= self.move_bytes else node
 
     def _choose(self, job: str, holdings: Mapping[str, Mapping[str, int]], load: Mapping[str, int]) -> str:
         inputs = self.dag.inputs(job)
@@ -322,8 +362,11 @@ class Prestager:
                     finished += self._notified
                     reload, self._notified, self._reload = self._reload, [], False
                 # the DAG again only when a job finished and it was not complete (an included makefile
-                # may exist now), or when told: asking make costs the head node tens of milliseconds
-                if first or reload or (finished and not self._complete):
+                # may exist now) or the job was not in it, or when told: asking make costs the head node
+                # tens of milliseconds
+                known = self._planner.dag.deps if self._planner is not None else {}
+                unknown = any(target not in known for target, _ in finished)  # e.g. an included makefile made
+                if first or reload or (finished and (not self._complete or unknown)):
                     first = False
                     self._load_dag()
                 if finished:
