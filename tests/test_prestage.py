@@ -220,3 +220,17 @@ def test_jobs_of_one_level_are_spread_when_their_small_inputs_can_be_moved() -> 
     assert [planner.plan[f"p{i}"] for i in range(4)] == ["n1", "n2", "n1", "n2"]
     assert requests == [("raw1", "n2"), ("raw3", "n2")]
     assert planner.plan["p4"] == "n1"  # 200 MiB to stage: it stays with its data
+
+
+def test_a_job_waiting_for_a_small_input_is_spread_but_not_one_waiting_for_a_large_one() -> None:
+    """Montage's projections wait for region.hdr (a header made from a table): they are spread while it is
+    made; a job waiting for a large input made elsewhere is not moved away from it."""
+    dag = Dag({"hdr": ("table",), "p0": ("raw0", "hdr"), "p1": ("raw1", "hdr"),
+               "big": ("raw2",), "q0": ("raw3", "big"), "q1": ("raw4", "big")},
+              {}, ("hdr", "p0", "p1", "big", "q0", "q1"))
+    holdings = {"table": {"n1": 1000}, "raw0": {"n1": 4 * MIB}, "raw1": {"n1": 4 * MIB}, "raw2": {"n1": 16 * MIB},
+                "raw3": {"n1": 4 * MIB}, "raw4": {"n1": 4 * MIB}}
+    planner = Planner(dag, ["n1", "n2"])
+    requests = planner.update(holdings, done=[])
+    assert (planner.plan["p0"], planner.plan["p1"]) == ("n1", "n2") and ("raw1", "n2") in requests
+    assert planner.plan["q0"] == planner.plan["q1"] == planner.plan["big"]  # they wait with it, wherever it runs

@@ -140,8 +140,9 @@ class Planner:
                  wave: Mapping[str, int]) -> str:
         """`node`, or the node with the fewest jobs of this job's level if `node` has more and moving the job
         costs at most `move_bytes` of copies of inputs made already (an input still to be made cannot be
-        moved ahead of time: such a job stays). The engine runs jobs in its order, whatever node holds their
-        data: without this, a node holding the first inputs of a level runs two jobs while another idles."""
+        moved ahead of time: a job waiting for a large one stays; a small one, a header, is read remotely).
+        The engine runs jobs in its order, whatever node holds their data: without this, a node holding the
+        first inputs of a level runs two jobs while another idles."""
         order = {n: i for i, n in enumerate(self.nodes)}
         lightest = min(self.nodes, key=lambda n: (wave[n], order[n]))
         if wave[node] <= wave[lightest]:
@@ -150,12 +151,24 @@ class Planner:
         for path in self.dag.inputs(job):
             held = holdings.get(path)
             if not held:
-                if self.dag.producer(path) is not None:
+                if self.dag.producer(path) is None:
+                    continue
+                # made later, maybe elsewhere, and read remotely then: only a small one may be left behind
+                estimate = self._estimate(path, holdings)
+                if estimate is None or estimate >= self.min_bytes:
                     return node
                 continue
             if lightest not in held and (path, lightest) not in self.staged:
                 cost += max(held.values())
         return lightest if cost <= self.move_bytes else node
+
+    def _estimate(self, path: str, holdings: Mapping[str, Mapping[str, int]]) -> int | None:
+        """The size of a file not made yet, guessed as the bytes its job reads (None: not known yet)."""
+        producer = self.dag.producer(path)
+        if producer is None:
+            return None
+        sizes = [max(held.values()) for held in (holdings.get(p) for p in self.dag.inputs(producer)) if held]
+        return sum(sizes) if sizes else None
 
     def _choose(self, job: str, holdings: Mapping[str, Mapping[str, int]], load: Mapping[str, int]) -> str:
         inputs = self.dag.inputs(job)
