@@ -1,4 +1,5 @@
-"""Sessions a newcomer runs on a fresh Debian machine: `nox -s demo`, `nox -s tests`, `nox -s bench`, `nox -s lint`.
+"""Sessions a newcomer runs on a fresh Debian machine: `nox -s demo`, `nox -s tests`, `nox -s bench`, `nox -s lint`,
+`nox -s docs`.
 
 Each session installs what it needs: Debian packages via apt-get when they
 are missing (FUSE, and sshd for the tests), then gmountpy into the session's
@@ -7,6 +8,7 @@ virtualenv as a normal (non-editable) install.
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import subprocess
@@ -18,11 +20,15 @@ nox.options.reuse_existing_virtualenvs = True
 
 BASE_PACKAGES = ["fuse3", "libfuse3-dev", "pkg-config", "gcc", "python3-dev"]
 #: the tests run a real sshd and the WAN harness (namespaces, iptables-legacy, the NFQUEUE delay program)
-TEST_PACKAGES = ["openssh-server", "openssh-client", "iproute2", "iptables", "util-linux",
+TEST_PACKAGES = ["openssh-server", "openssh-client", "iproute2", "iptables", "util-linux", "rsync",
                  "libnetfilter-queue-dev", "libmnl-dev",
                  "glusterfs-server", "glusterfs-client",  # the WAN benchmarks' GlusterFS peer, tested too
-                 "gfmd", "gfsd", "gfarm2fs", "gfarm-client", "sshfs"]  # the pipelines' peers: Gfarm, a central server
+                 "gfmd", "gfsd", "gfarm2fs", "gfarm-client", "sshfs",  # the pipelines' peers: Gfarm, a central server
+                 "bwa", "samtools", "bcftools",  # the variant-calling workflow run through Snakemake (wgsim: samtools)
+                 "chromium"]  # `gmount report`'s page, looked at in a real (headless) browser
 PIPELINE_PACKAGES = ["make", "montage"]  # the reference pipelines: GNU make and the Montage executables
+#: an sshfs mount through a private sshd on 127.0.0.1, beside the mount in bench_core's local I/O rows
+SSHFS_PACKAGES = ["sshfs", "openssh-server", "openssh-client"]
 
 
 def _missing_debs(packages: list[str]) -> list[str]:
@@ -68,16 +74,41 @@ LINT_PATHS = ["gmountpy", "plugins"]
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """`mypy --strict` over the package and plugins; `ruff check` also over tests and benchmarks (pyproject.toml).
+    """`mypy --strict` over the package and plugins; `ruff check` also over tests and benchmarks (pyproject.toml);
+    `shellcheck` over the sh programs the launcher runs on nodes.
 
     mypy checks calls against the libraries as installed, so the project comes with
     the same extras as the tests (pyfuse3 builds against libfuse3-dev).
     """
-    ensure_system_packages(session, BASE_PACKAGES)
+    ensure_system_packages(session, BASE_PACKAGES + ["shellcheck"])
     install_project(session, "[test,pipelines,snakemake]")
     session.install(*LINT_TOOLS)
     session.run("ruff", "check", *LINT_PATHS, "tests", "benchmarks")  # mypy: the package and plugins only
     session.run("mypy", *LINT_PATHS)
+    session.run("shellcheck", "--shell=sh", *sorted(glob.glob("gmountpy/**/*.sh", recursive=True)), external=True)
+
+
+#: pinned like the lint tools: a new release may add warnings, and the build runs with --strict
+DOCS_TOOLS = ["mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings==1.0.8", "mkdocstrings-python==2.0.11",
+              "mkdocs-click==0.9.0", "ruff==0.17.6"]  # ruff: mkdocstrings formats signatures with it
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation site (MkDocs Material) into site/: `mkdocs build --strict`, so a warning -- a broken
+    link or anchor, a page missing from the nav, a docstring the API reference cannot read -- fails it.
+
+    `nox -s docs -- serve` previews it at http://127.0.0.1:8000 instead. The API reference is read from the
+    package's docstrings and the CLI reference from its click commands, so the project is installed too.
+    """
+    ensure_system_packages(session, BASE_PACKAGES)
+    install_project(session, "[fsspec]")
+    session.install(*DOCS_TOOLS)
+    session.env["NO_MKDOCS_2_WARNING"] = "1"  # Material's banner about its successor, printed at every build
+    if session.posargs[:1] == ["serve"]:
+        session.run("mkdocs", "serve", *session.posargs[1:])
+    else:
+        session.run("mkdocs", "build", "--strict", "--site-dir", "site", *session.posargs)
 
 
 @nox.session
@@ -91,12 +122,13 @@ def demo(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks against direct disk access; JSON results in benchmarks/results/."""
-    ensure_system_packages(session, BASE_PACKAGES)
-    install_project(session)
+    ensure_system_packages(session, BASE_PACKAGES + SSHFS_PACKAGES)  # bench_core's sshfs rows
+    install_project(session, "[dask]")
     session.run("python", "benchmarks/bench_core.py", *session.posargs)
     session.run("python", "benchmarks/bench_lookup.py")  # messages/op: flood vs index vs central
     session.run("python", "benchmarks/bench_split.py")  # creates into one directory, with and without Giga+ splits
     session.run("python", "benchmarks/bench_big_directory.py")  # 100 000 names in one directory, checked
+    session.run("python", "benchmarks/bench_dask.py", "--check")  # Dask tasks placed on their data vs Dask's own
     ensure_system_packages(session, ["make"])
     session.run("python", "benchmarks/bench_make.py")
     if os.geteuid() == 0:  # the WAN benchmarks need network namespaces (root); reduced size here

@@ -16,6 +16,7 @@ the numbers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import dataclasses
 import json
@@ -33,6 +34,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+try:
+    from . import local_io
+except ImportError:  # run as a script: python benchmarks/bench_core.py
+    import local_io  # type: ignore[no-redef]
 
 MiB = 1024 * 1024
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "core.json"
@@ -289,6 +295,7 @@ class Results:
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
         self.notes: list[str] = []
+        self.targets: list[dict[str, Any]] = []
 
     def add(self, name: str, unit: str, mount: list[float], direct: list[float], n: int,
             **extra: Any) -> dict[str, Any]:
@@ -442,6 +449,10 @@ def run(args: argparse.Namespace, base: Path, holder: dict[str, Any]) -> dict[st
     for node, rel in big.values():
         make_big_file(export[node] / rel, size)
     (export[ME] / "bench" / "create-direct").mkdir(parents=True)
+    local_modes = ("bypass", "mount", "sshfs")
+    if args.local_io:
+        local_io.make_stat_fixtures(export[ME], local_modes, repeats, n_files)
+        make_big_file(export[ME] / "bench" / "mid-n1.bin", args.sshfs_mib * MiB)  # sshfs's read file: smaller
 
     # -- cluster up ------------------------------------------------------------------------
     log(f"starting cluster {name} (4 nodes, 2 sites, default tuning)")
@@ -654,13 +665,86 @@ def run(args: argparse.Namespace, base: Path, holder: dict[str, Any]) -> dict[st
     res.notes.append("export file cached fraction at the start of each 'cold' read through the mount: "
                      f"{export_dropped}")
 
+    # -- local I/O of a job gmount starts: direct, mount, bypass, sshfs, kernel passthrough ----------
+    if args.local_io:
+        local_io_section(args, base, spec.name, export[ME], mnt, res)
+
     # -- evidence from the daemons --------------------------------------------------------
     stats = {n: daemon_stats(state, n) for n in spec.nodes}
     cluster_info["daemon_stats_at_end"] = stats
     cluster_info["n1_fuse_at_end"] = fuse_bdi_info(str(mnt))
     cluster_info["cache_at_start"] = cache_summary
     cluster_info["elapsed_before_teardown_s"] = round(time.monotonic() - t_start, 1)
-    return {"cluster": cluster_info, "results": res.rows, "notes": res.notes}
+    return {"cluster": cluster_info, "results": res.rows, "notes": res.notes, "targets": res.targets}
+
+
+def local_io_section(args: argparse.Namespace, base: Path, name: str, export: Path, mnt: Path,
+                     res: Results) -> None:
+    """Rows for local_io.MODES (see benchmarks/local_io.py), paired per repeat, and the issue's targets."""
+    from gmountpy import launch
+    from gmountpy.cluster.config import load_spec
+
+    big = "bench/big-n1.bin"
+    samples: dict[str, dict[str, list[list[float]]]] = {}
+
+    def record(mode: str, measured: dict[str, list[float]]) -> None:
+        for op, pair in measured.items():
+            samples.setdefault(mode, {}).setdefault(op, []).append(pair)
+
+    problem = local_io.sshfs_problem()
+    if problem is not None:
+        res.notes.append(f"sshfs rows skipped: {problem}")
+    with contextlib.ExitStack() as stack:
+        sshfs = None if problem else stack.enter_context(local_io.sshfs_mount(export, base / "sshfs", log))
+        for r in range(args.repeats):
+            for mode, target, bypass in (("bypass", mnt, True), ("mount", mnt, False), ("sshfs", sshfs, False)):
+                if target is None:
+                    continue
+                log(f"local I/O job on {ME}: {mode}, repeat {r + 1}/{args.repeats}")
+                record(mode, local_io.run_job(name, ME, export, target, "bench/mid-n1.bin" if mode == "sshfs" else big,
+                                              "bench/jstat", mode, r, bypass, args.write_mib, args.random_reads,
+                                              args.files))
+    if os.geteuid() == 0 and tuple(int(x) for x in platform.release().split("-")[0].split(".")[:2]) >= (6, 9):
+        # A second cluster, one node, whose daemon uses kernel passthrough; the read fixture is the same file.
+        pt_base = base / "passthrough"
+        pt_export = pt_base / "a" / "export"
+        (pt_export / "bench").mkdir(parents=True)
+        os.link(export / big, pt_export / big)
+        local_io.make_stat_fixtures(pt_export, ("passthrough",), args.repeats, args.files)
+        (pt_base / "cluster.toml").write_text("\n".join([
+            f'name = "{name}-pt"', 'launcher = "local"', "[defaults]", f'export = "{pt_base}/{{node}}/export"',
+            f'mountpoint = "{pt_base}/{{node}}/mnt"', "[sites.s]", 'nodes = ["a"]', "[tuning]", "passthrough = true",
+            ""]))
+        pt_spec = load_spec(pt_base / "cluster.toml")
+        log("starting a one-node cluster with kernel passthrough")
+        launch.up(pt_spec)
+        try:
+            for r in range(args.repeats):
+                log(f"local I/O job: passthrough, repeat {r + 1}/{args.repeats}")
+                record("passthrough", local_io.run_job(pt_spec.name, "a", pt_export, pt_base / "a" / "mnt", big,
+                                                       "bench/jstat", "passthrough", r, False, args.write_mib,
+                                                       args.random_reads, args.files))
+        finally:
+            launch.down(pt_spec.name)
+    else:
+        res.notes.append("passthrough rows skipped: kernel FUSE passthrough needs a root daemon on Linux >= 6.9")
+    read_mib = {mode: args.sshfs_mib if mode == "sshfs" else args.size_mib for mode in local_io.MODES}
+    local_io.add_rows(res, samples, read_mib, args.write_mib, args.random_reads, args.files)
+    res.notes.append(
+        "job <mode> rows: measured by a job started on n1 with Cluster.run (bypass_job.py), each operation on n1's "
+        "export (direct) and then through the mode: bypass = n1's mount with the job's preload library (the "
+        "default for jobs gmount starts), mount = the same with GMOUNT_BYPASS=0, sshfs = n1's export over sshfs "
+        "and ssh to 127.0.0.1, passthrough = a one-node cluster with kernel FUSE passthrough. Writes create a new "
+        "file, write it in 1 MiB blocks and close it (it is removed afterwards, untimed). Cold stat = first "
+        "os.stat of each of n fresh empty files (direct: fresh files in the export). Within a job the two sides "
+        "take turns in slices (8 MiB of a read, each side its own chunks of the file on its own descriptor; 4 MiB "
+        "of a write; 1000 random reads; 50 stats), so load from elsewhere on the machine hits both alike, and a "
+        "side's rate is that of its faster half of slices: with a dozen processes on 2 CPUs many slices wait "
+        "for a CPU, which says nothing about either side. Warm reads: five passes.")
+    checks = local_io.targets(res.rows)
+    res.targets = checks
+    for check in checks:
+        log(f"target {'met' if check['met'] else 'MISSED'}: {check['target']} (this run: {fmt(check['value'])})")
 
 
 def scan_logs(base: Path, name: str) -> list[str]:
@@ -695,6 +779,8 @@ def print_table(doc: dict[str, Any]) -> None:
         print(f"{r['name']:<{width}}  {r['unit']:>5}  {fmt(r['mount']):>9}  {spread(r['samples']['mount']):>6}  "
               f"{fmt(r['direct']):>9}  {spread(r['samples']['direct']):>6}  {ratio:>6}")
     print("-" * len(header))
+    for check in doc.get("targets", []):
+        print(f"target {'met   ' if check['met'] else 'MISSED'} {check['target']}: {fmt(check['value'])}")
     m = doc["machine"]
     print(f"ratio = mount / direct, median of the per-repeat ratios (1.00 = as fast as the export "
           f"directly; 0.01 = 100x slower).\nmount, direct = medians of {rows[0]['repeats']} repeats; "
@@ -712,9 +798,16 @@ def main() -> int:
     parser.add_argument("--files", type=int, help="files per location for stat/create (default 2000)")
     parser.add_argument("--size-mib", type=int, help="size of the read files in MiB (default 1024)")
     parser.add_argument("--repeats", type=int, default=5, help="repetitions per measurement (default 5)")
+    parser.add_argument("--no-local-io", dest="local_io", action="store_false",
+                        help="skip the local I/O rows of a job (direct, mount, bypass, passthrough, sshfs)")
+    parser.add_argument("--write-mib", type=int, help="size written by the local I/O job (default 1024)")
+    parser.add_argument("--random-reads", type=int, help="4 KiB random reads by the local I/O job (default 100000)")
     args = parser.parse_args()
     args.files = args.files or (300 if args.quick else 2000)
     args.size_mib = args.size_mib or (128 if args.quick else 1024)
+    args.write_mib = args.write_mib or (64 if args.quick else 1024)
+    args.random_reads = args.random_reads or (20_000 if args.quick else 100_000)
+    args.sshfs_mib = min(args.size_mib, 64 if args.quick else 256)
 
     for problem, ok in (("/dev/fuse is missing or not usable", os.access("/dev/fuse", os.R_OK | os.W_OK)),
                         ("fusermount3 is not installed (Debian package fuse3)", shutil.which("fusermount3"))):
@@ -758,7 +851,9 @@ def main() -> int:
                     "cpu_model": _cpu_model(), "loadavg_at_start": load_start, "loadavg_at_end": os.getloadavg()},
         "code": code,
         "cluster": doc["cluster"],
+        "targets": doc.get("targets", []),
         "parameters": {"files_per_location": args.files, "read_file_mib": args.size_mib,
+                       "write_mib": args.write_mib, "random_reads": args.random_reads, "sshfs_read_mib": args.sshfs_mib,
                        "repeats": args.repeats, "quick": args.quick, "read_size_bytes": MiB},
         "results": doc["results"],
         "notes": doc["notes"] + log_notes + (["cleanup: " + p for p in problems] if problems else []),

@@ -1,29 +1,29 @@
 #!/usr/bin/env python3
-"""What make's SHELL under gmount costs per recipe: gmount-sh compared with /bin/sh.
+"""What make's include costs per recipe: make with gmount.mk against plain make in the same mount.
 
-Brings up a real local 4-node, 2-site cluster (n1 n2 | n3 n4) with the
-library, writes in1..in4 into the exports of n1..n4, and measures from n1's
-mount:
+Brings up a real local 4-node, 2-site cluster (n1 n2 | n3 n4), writes
+in1..in4 into the exports of n1..n4, and measures from n1's mount:
 
-- `call`: one `SHELL -c :` invocation, as make makes it, for a `$(shell)`
-  (no target), a recipe without prerequisites, one with a prerequisite on
-  n1 (local), on n3 (other site), and one with four prerequisites on four
-  nodes (the full placement rule), one with 16 (4 files x 4 nodes, read in
-  parallel). Median wall time in ms over N calls, and CPU time per call: of
-  gmount-sh and its children (`cpu_ms`), and of the four node daemons
-  (`daemons_cpu_ms`, from /proc; 10 ms ticks, so averaged over N) -- on a
-  shared machine CPU time is the steadier number, and every node is a
-  process on this machine, so CPU spent per recipe is makespan.
-- `make`: `make -j1` of N independent recipes (`:`, each reading one of
-  in1..in4) with `include gmount.mk` against the same Makefile without it;
-  ms per recipe = (time(N recipes) - time(no recipe)) / N, so make's own
-  start and the `$(shell gmount make-include)` are not counted (reported
-  on their own as `make-include`).
+- `make`: `make -j1` of N independent recipes (`@echo $@ > /dev/null`: a
+  recipe plain make hands to /bin/sh) with `include gmount.mk` and without
+  it, alternately, for three Makefiles: recipes without prerequisites, with
+  a local one (in1.txt, on n1), and with four on four nodes (in1..in4: the
+  recipe runs on n4, in n4's mount). Per recipe = (time of N recipes - time
+  of none) / N, so make's own start is not counted; overhead = include -
+  plain, the median over `--repeats` pairs. CPU per recipe likewise, of
+  every process: make and all it started (RUSAGE_CHILDREN) plus the four
+  node daemons (/proc; 10 ms ticks, so read over N recipes).
+- `call`: one `SHELL -c 'echo t > /dev/null'` invocation as make makes it,
+  for /bin/sh, gmount-job (C, the include's SHELL) and the Python gmount-sh
+  (its fallback), with the same three kinds of prerequisites: median wall
+  ms over `--calls` calls, CPU ms per call (the wrapper and its children,
+  and the daemons).
+- `make-include`: `gmount make-include`, run once per make.
 
-    python benchmarks/bench_make.py [--out benchmarks/results/make.json] [--calls 30] [--recipes 40]
+    python benchmarks/bench_make.py [--out benchmarks/results/make.json] [--calls 40] [--recipes 200]
 
-gmount-sh is taken from beside this Python (a `pip install .` or nox puts it
-there). The cluster is always torn down, also on error or Ctrl-C.
+gmount-job and gmount-sh come from this Python's installation (`pip install .`
+or nox). The cluster is always torn down, also on error or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import resource
 import shutil
 import statistics
 import subprocess
@@ -42,149 +40,132 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _jobs import BIN, NODES, children_cpu, local_cluster, processes_cpu, write_document  # noqa: E402
+
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "make.json"
-BIN = os.path.dirname(os.path.abspath(sys.executable))
-NODES = ["n1", "n2", "n3", "n4"]
+#: the three kinds of recipes the targets are about: prerequisites, and the node the recipe runs on
+KINDS = {"no prerequisites": ("", "n1"), "local prerequisite": ("in1.txt", "n1"),
+         "prerequisites on four nodes": ("in1.txt in2.txt in3.txt in4.txt", "n4")}
 
 
 def log(message: str) -> None:
     print(f"[bench-make {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def cluster_file(base: Path, name: str) -> Path:
-    path = base / "cluster.toml"
-    path.write_text("\n".join([
-        f'name = "{name}"', 'launcher = "local"', "create_export = true", "[defaults]",
-        f'export = "{base}/{{node}}/export"', f'mountpoint = "{base}/{{node}}/mnt"',
-        "[sites.tsukuba]", 'nodes = ["n1", "n2"]', "[sites.hongo]", 'nodes = ["n3", "n4"]',
-        "[[links]]", 'sites = ["tsukuba", "hongo"]', "rtt_ms = 14.0", ""]))
-    return path
-
-
-def timed(argv: list[str], cwd: Path, env: dict[str, str]) -> float:
-    started = time.perf_counter()
-    subprocess.run(argv, cwd=cwd, env=env, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - started
-
-
-def median_ms(argv: list[str], cwd: Path, env: dict[str, str], n: int) -> tuple[float, float]:
-    samples = [timed(argv, cwd, env) * 1000 for _ in range(n)]
-    return statistics.median(samples), min(samples)
-
-
-def children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def processes_cpu(pids: list[int]) -> float:
-    """User + system seconds the processes have used (utime, stime of /proc/PID/stat)."""
-    total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
-
-
-def call_stats(argv: list[str], cwd: Path, env: dict[str, str], n: int, daemons: list[int]) -> dict[str, float]:
-    """Median and min wall ms, and CPU ms per call of the process tree and of the daemons."""
-    cpu_before, daemons_before = children_cpu(), processes_cpu(daemons)
-    samples = [timed(argv, cwd, env) * 1000 for _ in range(n)]
-    return {"ms_median": statistics.median(samples), "ms_min": min(samples),
-            "cpu_ms": round((children_cpu() - cpu_before) * 1000 / n, 2),
-            "daemons_cpu_ms": round((processes_cpu(daemons) - daemons_before) * 1000 / n, 2)}
-
-
-def makefile(recipes: int, include: str | None) -> str:
+def makefile(recipes: int, deps: str, include: str | None) -> str:
     lines = [f"include {include}"] if include else []
     targets = [f"t{i}" for i in range(recipes)]
     lines += [f".PHONY: all {' '.join(targets)}", f"all: {' '.join(targets)}", "\t@:"]
-    for i, target in enumerate(targets):
-        lines += [f"{target}: in{i % 4 + 1}.txt", "\t@true"]
+    for target in targets:
+        lines += [f"{target}: {deps}", "\t@echo $@ > /dev/null"]
     return "\n".join(lines) + "\n"
 
 
-def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
-    from gmountpy import launch
-    from gmountpy.cluster import state as state_store
-    from gmountpy.cluster.config import load_spec
-    from gmountpy_make import MAKEFILE
+def timed_run(argv: list[str], cwd: Path, env: dict[str, str], daemons: list[int]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the process tree and the daemons) of one run."""
+    cpu_before, daemons_before = children_cpu(), processes_cpu(daemons)
+    started = time.perf_counter()
+    subprocess.run(argv, cwd=cwd, env=env, check=True, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - started
+    return wall, (children_cpu() - cpu_before) + (processes_cpu(daemons) - daemons_before)
 
-    wrapper = os.path.join(BIN, "gmount-sh")
-    if not os.access(wrapper, os.X_OK):
-        raise SystemExit(f"bench_make: {wrapper} is missing: install gmountpy (pip install .) first")
-    spec = load_spec(cluster_file(base, f"bench-make-{os.getpid()}"))
+
+def make_rows(args: argparse.Namespace, here: Path, export: Path, env: dict[str, str], daemons: list[int],
+              mk: str) -> list[dict[str, Any]]:
+    rows = []
+    for kind, (deps, node) in KINDS.items():
+        samples: dict[str, list[tuple[float, float]]] = {"plain": [], "gmount": []}
+        for _ in range(args.repeats):
+            for variant, include in (("plain", None), ("gmount", mk)):
+                per: dict[int, tuple[float, float]] = {}
+                for recipes in (args.recipes, 0):
+                    (export / "Makefile").write_text(makefile(recipes, deps, include))
+                    per[recipes] = timed_run(["make", "-j1"], here, env, daemons)
+                samples[variant].append(((per[args.recipes][0] - per[0][0]) / args.recipes,
+                                         (per[args.recipes][1] - per[0][1]) / args.recipes))
+        wall_over = [(g[0] - p[0]) * 1000 for g, p in zip(samples["gmount"], samples["plain"], strict=True)]
+        cpu_over = [(g[1] - p[1]) * 1000 for g, p in zip(samples["gmount"], samples["plain"], strict=True)]
+        row = {"what": "make", "case": kind, "runs_on": node, "recipes": args.recipes, "repeats": args.repeats,
+               "plain_ms_per_recipe": round(statistics.median(s[0] for s in samples["plain"]) * 1000, 3),
+               "gmount_ms_per_recipe": round(statistics.median(s[0] for s in samples["gmount"]) * 1000, 3),
+               "plain_cpu_ms_per_recipe": round(statistics.median(s[1] for s in samples["plain"]) * 1000, 3),
+               "gmount_cpu_ms_per_recipe": round(statistics.median(s[1] for s in samples["gmount"]) * 1000, 3),
+               "overhead_ms": round(statistics.median(wall_over), 3),
+               "overhead_cpu_ms": round(statistics.median(cpu_over), 3),
+               "overhead_ms_samples": [round(v, 3) for v in wall_over],
+               "overhead_cpu_ms_samples": [round(v, 3) for v in cpu_over]}
+        rows.append(row)
+        log(f"make, {kind}: {row['overhead_ms']:.2f} ms and {row['overhead_cpu_ms']:.2f} ms CPU per recipe over "
+            f"plain make ({row['plain_ms_per_recipe']:.2f} ms per recipe)")
+    return rows
+
+
+def call_rows(args: argparse.Namespace, here: Path, env: dict[str, str], daemons: list[int],
+              wrappers: dict[str, str]) -> list[dict[str, Any]]:
+    rows = []
+    recipe = "echo t > /dev/null"
+
+    def stats(argv: list[str], call_env: dict[str, str]) -> dict[str, float]:
+        walls = []
+        cpu = 0.0
+        for _ in range(args.calls):
+            wall, used = timed_run(argv, here, call_env, daemons)
+            walls.append(wall * 1000)
+            cpu += used
+        return {"ms_median": round(statistics.median(walls), 3), "ms_min": round(min(walls), 3),
+                "cpu_ms": round(cpu * 1000 / args.calls, 3)}
+
+    sh = stats(["/bin/sh", "-c", recipe], env)
+    rows.append({"what": "call", "case": "/bin/sh -c", **sh})
+    for label, wrapper in wrappers.items():
+        for kind, (deps, node) in KINDS.items():
+            result = stats([wrapper, "-c", recipe], {**env, "GMOUNT_TARGET": "t", "GMOUNT_DEPS": deps})
+            rows.append({"what": "call", "case": f"{label}: {kind}", "runs_on": node, **result,
+                         "ms_over_sh": round(result["ms_median"] - sh["ms_median"], 3),
+                         "cpu_ms_over_sh": round(result["cpu_ms"] - sh["cpu_ms"], 3)})
+            log(f"{label}, {kind}: {result['ms_median']:.2f} ms (sh {sh['ms_median']:.2f}), "
+                f"cpu {result['cpu_ms']:.2f} ms (sh {sh['cpu_ms']:.2f})")
+    return rows
+
+
+def run(args: argparse.Namespace, base: Path) -> list[dict[str, Any]]:
+    from gmountpy_make import JOB_PROGRAM, MAKEFILE
+
+    python_wrapper = os.path.join(BIN, "gmount-sh")
+    for program in (JOB_PROGRAM, python_wrapper):
+        if not os.access(program, os.X_OK):
+            raise SystemExit(f"bench_make: {program} is missing: install gmountpy (pip install .) first")
     log("starting a 4-node local cluster")
-    launch.up(spec)
-    try:
+    with local_cluster(base, f"bench-make-{os.getpid()}") as (_, daemons):
         for i, node in enumerate(NODES, start=1):
             d = base / node / "export" / "bench"
             d.mkdir(parents=True, exist_ok=True)
             (d / f"in{i}.txt").write_bytes(os.urandom(4096 * i))
-            for k in range(3):
-                (d / f"more{i}{k}.txt").write_bytes(os.urandom(1024 * (k + 1)))
+        subprocess.run([os.path.join(BIN, "gmount"), "rescan"], check=False, capture_output=True)
         here = base / "n1" / "mnt" / "bench"
-        running = state_store.load(spec.name)
-        daemons = [record.pid for record in running.nodes.values()] if running is not None else []
         env = {**os.environ, "PATH": BIN + os.pathsep + os.environ["PATH"],
-               "GMOUNT_PLACEMENT_LOG": str(base / "placement.jsonl")}
-        rows: list[dict[str, Any]] = []
-        cases = [("$(shell) (no target)", "", ""), ("recipe, no prerequisites", "t", ""),
-                 ("recipe, 1 input on n1 (local)", "t", "in1.txt"),
-                 ("recipe, 1 input on n3 (other site)", "t", "in3.txt"),
-                 ("recipe, 4 inputs on 4 nodes", "t", "in1.txt in2.txt in3.txt in4.txt"),
-                 ("recipe, 16 inputs on 4 nodes", "t",
-                  " ".join(f"in{i}.txt more{i}0.txt more{i}1.txt more{i}2.txt" for i in range(1, 5)))]
-        sh = call_stats(["/bin/sh", "-c", ":"], here, env, args.calls, daemons)
-        rows.append({"what": "call", "case": "/bin/sh -c :", **sh})
-        log(f"/bin/sh: {sh['ms_median']:.1f} ms")
-        for case, target, deps in cases:
-            stats = call_stats([wrapper, "-c", ":"], here, {**env, "GMOUNT_TARGET": target, "GMOUNT_DEPS": deps},
-                               args.calls, daemons)
-            rows.append({"what": "call", "case": f"gmount-sh: {case}", **stats,
-                         "ms_over_sh": stats["ms_median"] - sh["ms_median"]})
-            log(f"gmount-sh {case}: {stats['ms_median']:.1f} ms, cpu {stats['cpu_ms']:.1f} ms, "
-                f"daemons' cpu {stats['daemons_cpu_ms']:.1f} ms")
-
-        per_recipe: dict[str, float] = {}
-        for label, include in (("make + /bin/sh", None), ("make + gmount.mk", MAKEFILE)):
-            cpu: dict[int, tuple[float, float]] = {}
-            seconds: dict[int, float] = {}
-            for recipes in (args.recipes, 0):
-                (base / "n1" / "export" / "bench" / "Makefile").write_text(makefile(recipes, include))
-                cpu_before, daemons_before = children_cpu(), processes_cpu(daemons)
-                seconds[recipes] = statistics.median(timed(["make", "-j1"], here, env) for _ in range(args.repeats))
-                cpu[recipes] = ((children_cpu() - cpu_before) / args.repeats,
-                                (processes_cpu(daemons) - daemons_before) / args.repeats)
-            full, empty = seconds[args.recipes], seconds[0]
-            per_recipe[label] = (full - empty) * 1000 / args.recipes
-            rows.append({"what": "make", "case": label, "recipes": args.recipes, "seconds_all": full,
-                         "seconds_no_recipe": empty, "ms_per_recipe": per_recipe[label],
-                         "cpu_ms": round((cpu[args.recipes][0] - cpu[0][0]) * 1000 / args.recipes, 2),
-                         "daemons_cpu_ms": round((cpu[args.recipes][1] - cpu[0][1]) * 1000 / args.recipes, 2)})
-            log(f"{label}: {per_recipe[label]:.1f} ms per recipe (make with no recipe: {empty:.2f} s)")
-        include_ms, _ = median_ms([os.path.join(BIN, "gmount"), "make-include"], here, env, min(args.calls, 5))
-        rows.append({"what": "make-include", "case": "gmount make-include (once per make)", "ms_median": include_ms})
-        return {"rows": rows, "ms_per_recipe_overhead": per_recipe["make + gmount.mk"] - per_recipe["make + /bin/sh"]}
-    finally:
-        log("stopping the cluster")
-        problems = launch.down(spec.name)
-        for node, why in (problems or {}).items():
-            log(f"down: {node}: {why}")
-        for node in NODES:
-            mnt = str(base / node / "mnt")
-            with open("/proc/self/mounts") as f:
-                if any(line.split(" ")[1] == mnt for line in f):
-                    subprocess.run(["fusermount3", "-u", "-z", mnt], check=False, capture_output=True)
+               "GMOUNT_PLACEMENT_LOG": str(base / "placement.jsonl"), "GMOUNT_SH_FALLBACK": python_wrapper}
+        rows = make_rows(args, here, base / "n1" / "export" / "bench", env, daemons, MAKEFILE)
+        placed = [json.loads(line) for line in (base / "placement.jsonl").read_text().splitlines()]
+        if {entry["via"] for entry in placed} != {"daemon"} or {entry["node"] for entry in placed} != {"n1", "n4"}:
+            raise SystemExit(f"bench_make: recipes went through {sorted({e['via'] for e in placed})} to nodes "
+                             f"{sorted({e['node'] for e in placed})}, not the daemon to n1 and n4: "
+                             "the numbers would not be the include's")
+        rows += call_rows(args, here, env, daemons, {"gmount-job": JOB_PROGRAM, "gmount-sh (Python)": python_wrapper})
+        started = time.perf_counter()
+        subprocess.run([os.path.join(BIN, "gmount"), "make-include"], check=True, capture_output=True)
+        rows.append({"what": "make-include", "case": "gmount make-include (once per make)",
+                     "ms": round((time.perf_counter() - started) * 1000, 1)})
+    return rows
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT})")
-    parser.add_argument("--calls", type=int, default=30, help="invocations per call case (default 30)")
-    parser.add_argument("--recipes", type=int, default=40, help="recipes in the make case (default 40)")
-    parser.add_argument("--repeats", type=int, default=3, help="make runs per variant (default 3)")
+    parser.add_argument("--calls", type=int, default=40, help="invocations per call case (default 40)")
+    parser.add_argument("--recipes", type=int, default=200, help="recipes per make run (default 200)")
+    parser.add_argument("--repeats", type=int, default=5, help="pairs of make runs per case (default 5)")
     args = parser.parse_args()
     if shutil.which("make") is None:
         print("bench_make: GNU make is not installed (Debian package make)", file=sys.stderr)
@@ -193,22 +174,21 @@ def main() -> int:
     os.environ["XDG_STATE_HOME"] = str(base / "state")  # never the user's own clusters
     load_start = os.getloadavg()
     try:
-        doc = run(args, base)
+        rows = run(args, base)
     except KeyboardInterrupt:
         log("interrupted")
         return 130
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    doc = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "kernel": platform.release(),
-                       "loadavg_at_start": load_start, "loadavg_at_end": os.getloadavg()},
-           "parameters": {"calls": args.calls, "recipes": args.recipes, "repeats": args.repeats},
-           "gmount_sh": os.path.join(BIN, "gmount-sh"), **doc, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    doc = write_document(args.out, load_start, vars(args) | {"out": str(args.out)}, rows=rows)
     for row in doc["rows"]:
-        value = row.get("ms_per_recipe", row.get("ms_median"))
-        cpu = f"  cpu {row['cpu_ms']:6.1f} ms  daemons {row['daemons_cpu_ms']:6.1f} ms" if "cpu_ms" in row else ""
-        print(f"{row['what']:<13} {row['case']:<48} {value:8.1f} ms{cpu}")
+        if row["what"] == "make":
+            print(f"make  {row['case']:<30} over plain make: {row['overhead_ms']:6.2f} ms, "
+                  f"cpu {row['overhead_cpu_ms']:6.2f} ms per recipe (plain: {row['plain_ms_per_recipe']:.2f} ms)")
+        elif row["what"] == "call":
+            print(f"call  {row['case']:<48} {row['ms_median']:7.2f} ms  cpu {row['cpu_ms']:6.2f} ms")
+        else:
+            print(f"{row['case']:<54} {row['ms']:7.1f} ms")
     print(f"results written to {args.out}")
     return 0
 

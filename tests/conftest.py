@@ -19,6 +19,7 @@ from gmountpy import launch
 from gmountpy.cluster.config import ClusterSpec, load_spec
 from gmountpy.cluster.state import ClusterState
 from gmountpy.launch.orchestrate import pid_is_daemon
+from gmountpy.node.directories import unseal_mountpoint
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -105,7 +106,8 @@ def write_cluster_file(base: Path, name: str, sites: dict[str, list[str]],
 
 
 def force_cleanup(spec: ClusterSpec, state: ClusterState | None) -> None:
-    """Last resort after a failed test: kill our daemons by pid, lazily unmount our mountpoints."""
+    """Last resort after a failed test: kill our daemons by pid, lazily unmount our mountpoints
+    and make them ordinary directories again (a dead daemon leaves them sealed, unremovable)."""
     if state is not None:
         for record in state.nodes.values():
             if pid_is_daemon(record.pid):
@@ -115,6 +117,7 @@ def force_cleanup(spec: ClusterSpec, state: ClusterState | None) -> None:
             mounted = any(line.split(" ")[1] == node.mountpoint for line in f)
         if mounted:
             subprocess.run(["fusermount3", "-u", "-z", node.mountpoint], capture_output=True)
+        unseal_mountpoint(node.mountpoint)
 
 
 #: The locators the hand-off tests run under: the default (the index) and GMount's flooding

@@ -14,7 +14,7 @@ import trio
 
 import gmountpy
 from gmountpy import Cluster, CommandTimeout, GmountError, StageError, launch
-from gmountpy.api import _running
+from gmountpy.api.cluster import _running
 from gmountpy.cluster import state as state_store
 from gmountpy.cluster.config import load_spec
 

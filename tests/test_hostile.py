@@ -9,6 +9,9 @@ import shutil
 import socket
 import struct
 import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -22,7 +25,7 @@ from gmountpy.errors import PeerUnavailable
 from gmountpy.protocol import rpc, wire
 from gmountpy.protocol.client import call, run_sync
 
-from .conftest import LocalCluster
+from .conftest import LocalCluster, fuse_problem, local_cluster, require
 
 
 def raw_connection(cluster: LocalCluster, node: str) -> socket.socket:
@@ -190,3 +193,174 @@ def test_hostile_paths_over_the_wire_never_leave_the_export(cluster4: LocalClust
     assert (outside / "passwd").read_text() == OUTSIDE_SECRET
     assert os.stat(outside / "passwd").st_mode & 0o777 != 0o777
     assert sorted(os.listdir(outside)) == ["passwd"]
+
+
+# ---------------------------------------------------------------- before the handshake: the pre-auth budget
+
+#: Bounds for what hostile pre-authentication input may cost a daemon. The target is 100 ms and a few
+#: MiB; the bounds leave room for a loaded 2-core machine (other tests, other engineers: the stall bound
+#: grows to 10 times the worst ping before the attack) and still fail by far without the budget
+#: (measured then, same test: the loop stopped for 27-30 s, RSS grew by 0.4-1.2 GiB).
+MAX_STALL = 0.5
+MAX_RSS_GROWTH = 16 << 20
+SIXTEEN_MIB = 16 << 20
+
+
+def rss(pid: int, field: str = "VmRSS") -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} for pid {pid}")
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Iterator[LocalCluster]:
+    """A small cluster of its own: what an attack costs is measured on n2 alone, not on shared daemons."""
+    require("FUSE", fuse_problem())
+    with local_cluster(tmp_path / "c", f"hostile-{os.getpid()}-{uuid.uuid4().hex[:6]}", {"s": ["n1", "n2"]}, [],
+                       tuning="") as cluster:
+        yield cluster
+
+
+class Probe:
+    """Pings a daemon every 20 ms on an authenticated connection, and samples its RSS every 20 ms."""
+
+    def __init__(self, cluster: LocalCluster, node: str) -> None:
+        self.record = cluster.state.nodes[node]
+        self.secret = load_secret(cluster.state.name)
+        self.node = node
+        self.latencies: list[float] = []
+        self.rss: list[int] = []
+        self._asked_at: float | None = None  # a ping on its way since then
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with open_nursery() as nursery:
+            client = await rpc.connect(nursery, self.record.host, self.record.port, secret=self.secret,
+                                       name="probe", peer=self.node)
+            nursery.start_soon(self._sample)
+            task_status.started()
+            try:
+                while True:
+                    self._asked_at = trio.current_time()
+                    await client.call("ping", timeout=60)
+                    self.latencies.append(trio.current_time() - self._asked_at)
+                    self._asked_at = None
+                    await trio.sleep(0.02)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await client.aclose()
+
+    async def _sample(self) -> None:
+        while True:
+            self.rss.append(rss(self.record.pid))
+            await trio.sleep(0.02)
+
+    def window(self) -> tuple[int, int]:
+        return len(self.latencies), len(self.rss)
+
+    def since(self, mark: tuple[int, int]) -> tuple[float, int]:
+        """The worst ping latency (a ping still unanswered counts) and the highest RSS since `mark`."""
+        waiting = trio.current_time() - self._asked_at if self._asked_at is not None else 0.0
+        return max([*self.latencies[mark[0]:], waiting]), max(self.rss[mark[1]:], default=0)
+
+
+async def attacker(host: str, port: int, source: str = "127.0.0.2") -> trio.SocketStream:
+    """A TCP connection from another loopback address (the daemon's peers connect from 127.0.0.1)."""
+    sock = trio.socket.socket()
+    await sock.bind((source, 0))
+    await sock.connect((host, port))
+    return trio.SocketStream(sock)
+
+
+async def send_ignoring_a_close(stream: trio.SocketStream, data: bytes) -> None:
+    with trio.move_on_after(10):
+        try:
+            await stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the daemon closed the connection: what it should do
+
+
+async def closed_by_the_daemon(stream: trio.SocketStream, within: float = 30) -> None:
+    with trio.move_on_after(within):
+        try:
+            while await stream.receive_some(1 << 16):
+                pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+    await stream.aclose()
+
+
+def test_hostile_input_before_the_handshake_costs_a_daemon_neither_time_nor_memory(victim: LocalCluster) -> None:
+    """One 16 MiB frame of empty msgpack arrays, then 20 incomplete 16 MiB frames held open, then
+    hundreds of idle connections: the daemon's loop keeps answering within MAX_STALL, its memory
+    grows by at most MAX_RSS_GROWTH, and its peers keep working."""
+    record = victim.state.nodes["n2"]
+    probe = Probe(victim, "n2")
+    results: dict[str, tuple[float, int]] = {}
+
+    async def attack() -> None:
+        async with open_nursery() as nursery:
+            await nursery.start(probe.run)
+            await trio.sleep(1.0)
+            baseline = probe.since((0, 0))
+            base_rss = min(probe.rss)
+            results["baseline"] = (baseline[0], base_rss)
+
+            # one frame of 16 Mi empty arrays, sent before any handshake
+            mark = probe.window()
+            count = SIXTEEN_MIB - wire.HEADER.size - 5
+            body = b"\xdd" + struct.pack(">I", count) + b"\x90" * count
+            stream = await attacker(record.host, record.port)
+            await send_ignoring_a_close(stream, wire.HEADER.pack(wire.VERSION, len(body)) + body)
+            await closed_by_the_daemon(stream)  # whatever the daemon does with the frame is done by then
+            await trio.sleep(0.5)
+            results["arrays"] = probe.since(mark)
+
+            # twenty 16 MiB frames, all but their last byte, held open
+            mark = probe.window()
+            held = []
+            incomplete = wire.HEADER.pack(wire.VERSION, SIXTEEN_MIB) + b"\0" * (SIXTEEN_MIB - 1)
+            for _ in range(20):
+                stream = await attacker(record.host, record.port)
+                held.append(stream)
+                nursery.start_soon(send_ignoring_a_close, stream, incomplete)
+            await trio.sleep(2.0)
+            results["incomplete"] = probe.since(mark)
+            for stream in held:
+                await stream.aclose()
+
+            # many idle connections from one address: a few are kept until the handshake deadline
+            mark = probe.window()
+            idle = [await attacker(record.host, record.port) for _ in range(300)]
+            await trio.sleep(0.5)
+            results["fds"] = (0.0, open_fds(record.pid))
+            # a peer from another address still gets in
+            results["peer"] = (0.0, int(await trio.to_thread.run_sync(still_serves, victim, "n2")))
+            await trio.sleep(0.5)
+            results["connections"] = probe.since(mark)
+            for stream in idle:
+                await stream.aclose()
+            nursery.cancel_scope.cancel()
+
+    trio.run(attack)
+    base_latency, base_rss = results["baseline"]
+    report = {k: (round(v[0], 3), round((v[1] - base_rss) / 2**20, 1)) for k, v in results.items()
+              if k in ("arrays", "incomplete", "connections")}
+    print(f"\nbaseline: worst ping {base_latency:.3f} s, RSS {base_rss / 2**20:.1f} MiB; "
+          f"per attack (worst ping s, RSS growth MiB): {report}; fds with 300 idle connections: {results['fds'][1]}")
+    for name in ("arrays", "incomplete", "connections"):
+        latency, peak = results[name]
+        assert latency < max(MAX_STALL, 10 * base_latency), f"{name}: the daemon did not answer a ping for " \
+                                                             f"{latency:.2f} s"
+        assert peak - base_rss < MAX_RSS_GROWTH, f"{name}: RSS grew by {(peak - base_rss) / 2**20:.0f} MiB"
+    assert results["fds"][1] < 100 + rpc.HANDSHAKES_PER_ADDRESS, "the daemon kept the idle connections open"
+    assert results["peer"][1] == 1
+    assert still_serves(victim, "n2")
+    assert (victim.mount("n1") / "after.txt").write_text("still") and \
+        (victim.mount("n2") / "after.txt").read_text() == "still"
+

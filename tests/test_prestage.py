@@ -9,6 +9,7 @@ a pair runs on the node it was planned on and reads nothing remotely.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -153,6 +154,45 @@ def test_make_consumer_of_a_pair_runs_where_it_was_planned_and_reads_nothing_rem
         assert remote < 64 * 1024, f"jobs read {remote} bytes remotely"
         assert (work / "c.out").read_bytes() == (running.export("n1") / "w" / "a.in").read_bytes() + \
             (running.export("n2") / "w" / "b.in").read_bytes()
+
+
+PLANNED_MAKEFILE = """\
+include $(shell gmount make-include)
+all: near.out far.out
+near.out: big.in mid.in
+\tcat big.in mid.in > near.out
+far.out: big.in small.in
+\tcat big.in small.in > far.out
+"""
+
+
+def test_make_fast_path_runs_a_recipe_on_its_planned_node_only_when_the_rule_counts_it_a_candidate(
+        tmp_path: Path) -> None:
+    """gmount-job sends the node the prestager's plan names (`<log>.plan`) to the daemon: near.out (n1 holds
+    3 MiB, n2 2 MiB: both candidates, the rule alone picks n1) runs on n2, as planned; far.out (n2 holds
+    1 MiB of 4: not a candidate) stays on n1 although planned on n2."""
+    require("FUSE", fuse_problem())
+    sites = {"east": ["n1"], "west": ["n2"]}
+    with local_cluster(tmp_path, f"prj-{os.getpid()}", sites, [("east", "west", 2.0)]) as running:
+        (running.export("n1") / "p").mkdir()
+        (running.export("n2") / "p").mkdir()
+        (running.export("n1") / "p" / "big.in").write_bytes(os.urandom(3 * MIB))
+        (running.export("n2") / "p" / "mid.in").write_bytes(os.urandom(2 * MIB))
+        (running.export("n2") / "p" / "small.in").write_bytes(os.urandom(1 * MIB))
+        work = Path(running.spec.node("n1").mountpoint) / "p"
+        (work / "Makefile").write_text(PLANNED_MAKEFILE)
+        log = work / ".gmount" / "make.jsonl"
+        log.parent.mkdir()
+        Path(f"{log}.plan").write_text("near.out\tn2\nfar.out\tn2\n")
+        env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "GMOUNT_PLACEMENT_LOG": str(log)}
+        time.sleep(1.0)  # the exports' files are seen by the index
+        done = subprocess.run(["make", "-s"], cwd=work, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        records = {r["target"]: r for r in map(json.loads, log.read_text().splitlines())}
+        assert {t: (r["node"], r["via"]) for t, r in records.items()} == {"near.out": ("n2", "daemon"),
+                                                                          "far.out": ("n1", "daemon")}
+        assert (running.export("n2") / "p" / "near.out").exists()
+        assert (running.export("n1") / "p" / "far.out").exists()
 
 
 def test_nothing_is_staged_for_the_ready_jobs_the_engine_starts_now() -> None:

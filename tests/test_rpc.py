@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import logging
 import os
 import random
 from collections.abc import AsyncIterator
@@ -55,6 +56,8 @@ class Backend:
             raise OSError(*args)
         if op == "type":
             raise TypeError("wrong type")
+        if op == "refuse":
+            raise rpc.BadRequest(f"bad arguments to {op!r}: the first must be an integer")
         if op == "crash":
             raise RuntimeError("kaput")
         if op == "unencodable":
@@ -106,15 +109,15 @@ async def raw_handshake(stream: trio.SocketStream, secret: bytes = SECRET) -> tu
 
     Returns the decoder (checking the server's frame MACs) and the MAC to seal our own frames with.
     """
-    decoder = wire.FrameDecoder()
+    decoder = wire.FrameDecoder(preauth=True)
     hello = await rpc._receive_message(stream, decoder)
     assert isinstance(hello, wire.Hello) and hello.fields["proto"] == rpc.PROTO
-    assert hello.fields["frames"] == rpc.FRAMES_MAC
+    assert set(hello.fields) == {"proto", "v", "nonce"}  # nothing about the node before we proved the secret
     nonce = os.urandom(32)
     await stream.send_all(wire.encode_hello({
-        "node": "raw", "nonce": nonce, "mac": rpc._mac(secret, b"client", hello.fields["nonce"], nonce)}))
+        "node": "raw", "nonce": nonce, "mac": rpc._mac(secret, b"client", hello.fields["nonce"], nonce, b"raw")}))
     answer = await rpc._receive_message(stream, decoder)
-    assert isinstance(answer, wire.Hello)
+    assert isinstance(answer, wire.Hello) and answer.fields["frames"] == rpc.FRAMES_MAC
     to_server, to_client = wire.frame_keys(secret, hello.fields["nonce"], nonce, "raw")
     decoder.authenticate(wire.FrameMac(to_client))
     return decoder, wire.FrameMac(to_server)
@@ -198,20 +201,29 @@ async def test_remote_oserror_comes_back_with_its_errno() -> None:
 
 
 @trio_test
-async def test_server_side_bugs_become_errors_not_dead_connections() -> None:
+async def test_server_side_bugs_become_errors_not_dead_connections(caplog: pytest.LogCaptureFixture) -> None:
+    """A refused request (EINVAL, the caller's fault) and a bug of the server (EIO, naming the node,
+    its traceback in the log) are told apart; neither takes the connection down."""
     backend = Backend()
     async with serving(backend) as (nursery, server):
         client = await connect(nursery, server.port)
-        with pytest.raises(OSError, match="bad arguments") as info:
-            await client.call("type")
+        with pytest.raises(OSError, match="bad arguments to 'refuse'") as info:
+            await client.call("refuse")
         assert info.value.errno == errno.EINVAL
-        with pytest.raises(OSError, match="internal error in crash") as info:
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # the caller's fault: no traceback
+        with pytest.raises(OSError, match="internal error on node srv in type: TypeError: wrong type") as info:
+            await client.call("type")
+        assert info.value.errno == errno.EIO
+        with pytest.raises(OSError, match="internal error on node srv in crash: RuntimeError: kaput") as info:
             await client.call("crash")
         assert info.value.errno == errno.EIO
-        with pytest.raises(OSError) as info:
+        with pytest.raises(OSError, match="node srv could not send its answer to unencodable") as info:
             await client.call("unencodable")
-        assert info.value.errno == errno.EINVAL
+        assert info.value.errno == errno.EIO
         assert await client.call("echo", "still here") == ["still here"]
+    bugs = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(bugs) == 3 and all(r.exc_info for r in bugs)  # each with its traceback
+    assert "wrong type" in caplog.text and "kaput" in caplog.text
 
 
 # ---------------------------------------------------------------- authentication
@@ -252,9 +264,9 @@ async def test_client_refuses_a_server_that_does_not_know_the_secret() -> None:
 
     async def impostor(stream: trio.SocketStream) -> None:
         decoder = wire.FrameDecoder()
-        await stream.send_all(wire.encode_hello({"proto": rpc.PROTO, "v": 1, "node": "srv", "nonce": os.urandom(32)}))
+        await stream.send_all(wire.encode_hello({"proto": rpc.PROTO, "v": wire.VERSION, "nonce": os.urandom(32)}))
         await rpc._receive_message(stream, decoder)
-        await stream.send_all(wire.encode_hello({"mac": os.urandom(32)}))
+        await stream.send_all(wire.encode_hello({"node": "srv", "frames": rpc.FRAMES_MAC, "mac": os.urandom(32)}))
         await trio.sleep_forever()
 
     async with open_nursery() as nursery:
@@ -566,3 +578,306 @@ async def test_a_full_request_window_is_logged_once(caplog: pytest.LogCaptureFix
     full = [r.getMessage() for r in caplog.records if "further requests wait" in r.getMessage()]
     assert full == ["connection from cli has 2 requests in progress on node srv (the limit of "
                     "tuning.requests_per_connection): further requests wait"]
+
+
+# ---------------------------------------------------------------- cancelled and timed-out requests
+
+
+class GatedStream(trio.abc.Stream):
+    """A server's end of a connection whose reading a test can hold (the client's sends then block)."""
+
+    def __init__(self, inner: trio.SocketStream) -> None:
+        self.inner = inner
+        self.socket = inner.socket
+        self.open = trio.Event()
+        self.open.set()
+
+    def hold(self) -> None:
+        self.open = trio.Event()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        await self.open.wait()
+        return await self.inner.receive_some(max_bytes)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@asynccontextmanager
+async def gated_server(backend: Backend) -> AsyncIterator[tuple[trio.Nursery, int, list[GatedStream]]]:
+    streams: list[GatedStream] = []
+
+    async def handler(stream: trio.SocketStream) -> None:
+        gated = GatedStream(stream)
+        streams.append(gated)
+        await rpc.handle_connection(gated, backend.dispatch, secret=SECRET, name="srv")  # type: ignore[arg-type]
+
+    async with open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, handler, 0)
+        yield nursery, listeners[0].socket.getsockname()[1], streams
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_a_caller_cancelled_while_its_frame_is_sent_leaves_the_connection_up(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A closed file's read-ahead is cancelled while its request is on the wire: the frame still goes out
+    whole (the peer would read the next request as the rest of it), the connection stays up for every
+    other caller, and the reply nobody waits for is dropped."""
+    backend = Backend()
+    async with gated_server(backend) as (nursery, port, streams):
+        client = await connect(nursery, port)
+        assert await client.call("echo", "before") == ["before"]
+        streams[0].hold()  # the server stops reading: a 12 MiB send blocks half-way, in the kernel's buffers
+        big = b"A" * (12 << 20)
+        async with open_nursery() as callers:
+            callers.start_soon(functools.partial(client.call, "echo", big, timeout=30))
+            await trio.sleep(0.3)
+            callers.cancel_scope.cancel()  # the caller goes away with its frame half sent
+        assert not client.closed
+        streams[0].open.set()
+        with trio.fail_after(5):
+            assert await client.call("echo", "after") == ["after"]
+            while backend.calls.count("echo") < 3:
+                await trio.sleep(0.01)
+        assert backend.calls == ["echo", "echo", "echo"]  # the big one arrived whole, then ours
+        assert not client.closed
+        await client.aclose()
+    assert "protocol error" not in caplog.text and "integrity" not in caplog.text
+
+
+@trio_test
+async def test_a_caller_cancelled_before_its_frame_was_taken_sends_nothing() -> None:
+    backend = Backend()
+    async with gated_server(backend) as (nursery, port, streams):
+        client = await connect(nursery, port)
+        streams[0].hold()
+        async with open_nursery() as callers:
+            callers.start_soon(functools.partial(client.call, "echo", b"A" * (12 << 20), timeout=30))
+            await trio.sleep(0.2)  # the big frame blocks the writer: the next caller waits to hand over
+            callers.start_soon(functools.partial(client.call, "echo", "never sent", timeout=30))
+            await trio.sleep(0.1)
+            callers.cancel_scope.cancel()
+        streams[0].open.set()
+        assert await client.call("peer") == "cli"
+        assert backend.calls == ["echo", "peer"]
+
+
+@trio_test(timeout=30)
+async def test_many_concurrent_cancels_and_timeouts_never_take_the_connection_down(
+        caplog: pytest.LogCaptureFixture) -> None:
+    backend = Backend()
+    rng = random.Random(28)
+    async with serving(backend) as (nursery, server):
+        client = await connect(nursery, server.port)
+        outcomes: list[str] = []
+
+        async def one(i: int) -> None:
+            payload = rng.randbytes(rng.choice([10, 1000, 300_000, 1 << 20]))
+            try:
+                if i % 2:
+                    with trio.move_on_after(rng.random() * 0.03):
+                        assert await client.call("sleep", rng.random() * 0.02, payload, timeout=30) == payload
+                        outcomes.append("answered")
+                        return
+                    outcomes.append("cancelled")
+                else:
+                    assert await client.call("sleep", rng.random() * 0.02, payload,
+                                             timeout=rng.random() * 0.03 + 0.001) == payload
+                    outcomes.append("answered")
+            except rpc.RequestTimedOut as exc:
+                assert exc.errno == errno.ETIMEDOUT
+                outcomes.append("timed out")
+
+        async with open_nursery() as calls:
+            for i in range(300):
+                calls.start_soon(one, i)
+        assert len(outcomes) == 300 and {"cancelled", "timed out"} <= set(outcomes)
+        assert not client.closed
+        for i in range(20):  # and later calls are served as always
+            assert await client.call("echo", i) == [i]
+        await client.aclose()
+    assert "protocol error" not in caplog.text and "closing connection" not in caplog.text
+
+
+@trio_test
+async def test_a_timeout_says_whether_the_peer_answered_anything_meanwhile() -> None:
+    """A request that times out on a connection that stayed silent hints at a dead peer; one that
+    times out while other replies came is just slow (the pool marks a peer down for the first only)."""
+    backend = Backend()
+    async with serving(backend) as (nursery, server):
+        client = await connect(nursery, server.port)
+        with pytest.raises(rpc.RequestTimedOut) as info:
+            await client.call("sleep", 1, None, timeout=0.2)
+        assert info.value.silent
+
+        async def chatter() -> None:
+            for _ in range(30):
+                await client.call("echo")
+                await trio.sleep(0.01)
+
+        async with open_nursery() as others:
+            others.start_soon(chatter)
+            with pytest.raises(rpc.RequestTimedOut) as info:
+                await client.call("sleep", 1, None, timeout=0.2)
+        assert not info.value.silent
+        assert not client.closed
+
+
+@dataclass
+class Holder(Backend):
+    """A backend whose `open` hands out handles (slowly, when told) and whose `close` takes them back."""
+
+    open_delay: float = 0.0
+    handles: set[int] = field(default_factory=set)
+    next_handle: int = 1
+
+    async def _run(self, session: rpc.Session, op: str, args: list[Any]) -> Any:
+        if op == "open":
+            await trio.sleep(self.open_delay)
+            handle, self.next_handle = self.next_handle, self.next_handle + 1
+            self.handles.add(handle)
+            return [handle, [0o100644, 1, 0, 0, 0, 0, 0, 0, 0, 4096, 0]]
+        if op == "close":
+            self.handles.remove(args[0])
+            return None
+        return await super()._run(session, op, args)
+
+
+@trio_test
+async def test_a_handle_in_a_reply_that_came_too_late_is_closed() -> None:
+    """An open whose reply arrives after its caller gave up (timeout or cancel) must not leave the
+    descriptor on the holder for the connection's life: the client closes it when the reply comes."""
+    from gmountpy.protocol.client import LATE_REPLY_RELEASES
+
+    holder = Holder(open_delay=0.3)
+    async with serving(holder) as (nursery, server):
+        client = await rpc.connect(nursery, "127.0.0.1", server.port, secret=SECRET, name="cli", peer="srv",
+                                   releases=LATE_REPLY_RELEASES)
+        for _ in range(5):
+            with pytest.raises(rpc.RequestTimedOut):
+                await client.call("open", "/f", os.O_RDONLY, timeout=0.05)
+        with trio.move_on_after(0.05):  # a caller cancelled (a FUSE open interrupted)
+            await client.call("open", "/f", os.O_RDONLY)
+        with trio.fail_after(5):
+            while holder.next_handle <= 6 or holder.handles:
+                await trio.sleep(0.02)
+        assert holder.calls.count("close") == 6 and client.released == 6
+        holder.open_delay = 0
+        handle, _ = await client.call("open", "/f", os.O_RDONLY)  # an answered open keeps its handle
+        await trio.sleep(0.1)
+        assert holder.handles == {handle}
+        await client.aclose()
+
+
+# ---------------------------------------------------------------- before the handshake
+
+
+@trio_test
+async def test_a_server_names_nothing_before_the_client_proved_the_secret() -> None:
+    backend = Backend()
+    async with serving(backend, name="node-with-a-telling-name") as (nursery, server):
+        stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+        first = await stream.receive_some(4096)
+        [hello] = wire.FrameDecoder(preauth=True).feed(first)
+        assert isinstance(hello, wire.Hello) and set(hello.fields) == {"proto", "v", "nonce"}
+        await stream.send_all(wire.encode_hello({"node": "x", "nonce": os.urandom(32), "mac": os.urandom(32)}))
+        rest = b"".join([m async for m in _chunks(stream)])
+        assert b"telling-name" not in first + rest
+        await stream.aclose()
+        client = await rpc.connect(nursery, "127.0.0.1", server.port, secret=SECRET, name="cli",
+                                   peer="node-with-a-telling-name")
+        assert await client.call("echo", 1) == [1]  # once proved, the name is checked
+        with pytest.raises(PeerUnavailable, match="is node 'node-with-a-telling-name', not 'n7'") as info:
+            await rpc.connect(nursery, "127.0.0.1", server.port, secret=SECRET, name="cli", peer="n7")
+        assert info.value.errno == errno.EACCES
+
+
+async def _chunks(stream: trio.SocketStream) -> AsyncIterator[bytes]:
+    with trio.fail_after(3):
+        while True:
+            try:
+                data = await stream.receive_some(4096)
+            except trio.BrokenResourceError:
+                return
+            if not data:
+                return
+            yield data
+
+
+async def hello_or_closed(port: int, source: str) -> trio.SocketStream | None:
+    """Connect from `source`: the stream if the server said hello, None if it closed at once."""
+    sock = trio.socket.socket()
+    await sock.bind((source, 0))
+    await sock.connect(("127.0.0.1", port))
+    stream = trio.SocketStream(sock)
+    with trio.fail_after(2):
+        data = await stream.receive_some(4096)
+    if data:
+        return stream
+    await stream.aclose()
+    return None
+
+
+@trio_test
+async def test_connections_in_their_handshake_are_limited_per_address_and_over_all(
+        caplog: pytest.LogCaptureFixture) -> None:
+    backend = Backend()
+    limits = rpc.RequestLimits(node="srv", handshakes=5, handshakes_per_address=2)
+    async with open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(
+            rpc.serve, "127.0.0.1", 0, backend.dispatch, secret=SECRET, name="srv", limits=limits))
+        port = listeners[0].socket.getsockname()[1]
+        from_two = [await hello_or_closed(port, "127.0.0.2") for _ in range(4)]
+        assert [s is not None for s in from_two] == [True, True, False, False]  # 2 per address
+        others = [await hello_or_closed(port, f"127.0.0.{i}") for i in (3, 3, 4, 5)]
+        assert [s is not None for s in others] == [True, True, True, False]  # 5 over all
+        with pytest.raises(PeerUnavailable):  # nobody else gets in while strangers hold every slot ...
+            await connect(nursery, port)
+        for stream in [*from_two, *others]:
+            if stream is not None:
+                await stream.aclose()
+        await trio.sleep(0.1)
+        client = await connect(nursery, port)  # ... and everyone once they are gone
+        assert await client.call("echo", 1) == [1]
+        assert limits.handshaking.total() == 0 and limits.refused_connections >= 5
+        nursery.cancel_scope.cancel()
+    refused = [r.getMessage() for r in caplog.records if "refused a connection" in r.getMessage()]
+    assert len(refused) == 1, refused  # one line per REFUSALS_LOGGED_EVERY, however many were refused
+    assert "connections in their handshake" in refused[0]
+
+
+@trio_test(timeout=30)
+async def test_a_burst_of_clients_beyond_the_handshake_limits_all_get_in() -> None:
+    """Many jobs starting at once each open a connection: those closed at once try again shortly."""
+    backend = Backend()
+    limits = rpc.RequestLimits(node="srv", handshakes=2, handshakes_per_address=2)
+    async with open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(
+            rpc.serve, "127.0.0.1", 0, backend.dispatch, secret=SECRET, name="srv", limits=limits))
+        port = listeners[0].socket.getsockname()[1]
+        blockers = [await hello_or_closed(port, "127.0.0.1") for _ in range(2)]  # every slot taken a while
+        clients: list[rpc.RpcClient] = []
+
+        async def one() -> None:
+            clients.append(await connect(nursery, port, timeout=15))
+
+        async with open_nursery() as burst:
+            for _ in range(40):
+                burst.start_soon(one)
+            await trio.sleep(0.3)
+            assert clients == [] and limits.refused_connections >= 40
+            for blocker in blockers:
+                assert blocker is not None
+                await blocker.aclose()
+        assert len(clients) == 40
+        for client in clients:
+            assert await client.call("echo", 1) == [1]
+            await client.aclose()
+        nursery.cancel_scope.cancel()

@@ -7,9 +7,13 @@ import subprocess
 import uuid
 from pathlib import Path
 
+import pytest
+
 from gmountpy import Cluster
 from gmountpy.cluster.config import NodeSpec, SshOptions
+from gmountpy.errors import GmountError
 from gmountpy.jobs.spawn import remote_script, ssh_argv
+from gmountpy.launch.ssh import _connect_options, destination
 
 from .conftest import LocalCluster, wait_for
 
@@ -80,3 +84,51 @@ def test_ssh_arguments_follow_the_cluster_files_ssh_settings() -> None:
     assert argv[-3:-1] == ["--", "alice@h7"] and argv[-1].startswith("exec /bin/sh -c ")
     unchecked = ssh_argv(node, SshOptions(verify_host_keys=False), "true", "/m", {})
     assert "StrictHostKeyChecking=no" in unchecked and "-F" not in unchecked
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    """The value of `-o Name=value` in an ssh command line, or None."""
+    for i, word in enumerate(argv[:-1]):
+        if word == "-o" and argv[i + 1].startswith(name + "="):
+            return argv[i + 1].partition("=")[2]
+    return None
+
+
+def _flag(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, word in enumerate(argv[:-2]) if word == flag]
+
+
+@pytest.mark.parametrize("options", [
+    SshOptions(),
+    SshOptions(identity=("/k/id", "/k/id2"), known_hosts="/k/known", config=None, connect_timeout=4.0),
+    SshOptions(verify_host_keys=False, config=("/k/config",)),
+])
+@pytest.mark.parametrize(("host", "port"), [("alice@h7", 2222), ("h8", 22)])
+def test_jobs_and_the_launcher_read_the_ssh_table_the_same_way(options: SshOptions, host: str, port: int) -> None:
+    """Jobs go through OpenSSH's ssh, the launcher through asyncssh (docs/design.md, "SSH: two clients"):
+    the same user, port, keys, known_hosts, config files and host-key checking for both."""
+    node = NodeSpec("n7", "s", "/e", "/m", host=host, ssh_port=port)
+    launcher = _connect_options(options, destination(node))
+    argv = ssh_argv(node, options, "true", "/m", {})
+    assert argv[argv.index("--") + 1] == host and launcher.get("username") == (host.split("@")[0] if "@" in host
+                                                                                else None)
+    assert _flag(argv, "-p") == ([str(port)] if port != 22 else []) and launcher.get("port") == (port if port != 22
+                                                                                                  else None)
+    assert _flag(argv, "-i") == list(launcher.get("client_keys", []))
+    assert (_option(argv, "IdentitiesOnly") == "yes") == ("client_keys" in launcher)
+    assert _option(argv, "ConnectTimeout") == str(round(launcher["connect_timeout"]))
+    if not options.verify_host_keys:
+        assert launcher["known_hosts"] is None and _option(argv, "StrictHostKeyChecking") == "no"
+    else:
+        assert _option(argv, "UserKnownHostsFile") == launcher.get("known_hosts") and \
+            _option(argv, "StrictHostKeyChecking") is None
+    if "config" not in launcher:  # the user's own ~/.ssh/config, for both
+        assert _flag(argv, "-F") == []
+    else:
+        assert _flag(argv, "-F") == (["/dev/null"] if launcher["config"] is None else launcher["config"])
+
+
+def test_jobs_refuse_config_files_openssh_cannot_read_at_once() -> None:
+    node = NodeSpec("n7", "s", "/e", "/m", host="h7")
+    with pytest.raises(GmountError, match="reads one: name one file, with Include lines"):
+        ssh_argv(node, SshOptions(config=("/a", "/b")), "true", "/m", {})

@@ -155,7 +155,8 @@ def test_byte_by_byte() -> None:
     assert out == [Hello({"a": 1}), Request(3, "read", [1, 0, 4096])]
 
 
-@pytest.mark.parametrize("version", [0, 2, 255])
+# 1: before the handshake hid names; 2: before attributes carried dev and ino; 3: before the typed codec
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 5, 255])
 def test_wrong_version_is_refused_from_the_header_alone(version: int) -> None:
     with pytest.raises(ProtocolError, match=f"wire version {version} is not supported"):
         FrameDecoder().feed(wire.HEADER.pack(version, 3))
@@ -181,6 +182,36 @@ def test_largest_allowed_length_just_waits() -> None:
     decoder = FrameDecoder(max_frame=100)
     assert decoder.feed(wire.HEADER.pack(wire.VERSION, 100) + b"\x00" * 10) == []
     assert decoder.pending == 15
+
+
+def test_before_the_handshake_only_small_frames_are_read() -> None:
+    """A stranger cannot make a node buffer a large frame: the header alone is refused."""
+    decoder = FrameDecoder(preauth=True)
+    with pytest.raises(ProtocolError, match="exceeds the 4096-byte limit before the handshake"):
+        decoder.feed(wire.HEADER.pack(wire.VERSION, wire.PREAUTH_MAX_FRAME + 1))
+    hello = wire.encode_hello({"node": "n1", "nonce": b"\0" * 32, "mac": b"\1" * 32})
+    assert FrameDecoder(preauth=True).feed(hello) == [Hello({"node": "n1", "nonce": b"\0" * 32, "mac": b"\1" * 32})]
+
+
+@pytest.mark.parametrize("value", [
+    [[]] * 100,                      # an array of many (empty) arrays: a stall and gigabytes at 16 MiB
+    {str(i): i for i in range(20)},  # a big map
+    b"x" * 1000,                     # a big binary
+    "y" * 1000,                      # a big string
+])
+def test_before_the_handshake_msgpack_values_are_small(value: Any) -> None:
+    frame = wire.encode_hello({"x": value})
+    assert len(frame) < wire.PREAUTH_MAX_FRAME
+    with pytest.raises(ProtocolError, match="undecodable"):
+        FrameDecoder(preauth=True).feed(frame)
+    assert FrameDecoder().feed(frame) == [Hello({"x": value})]  # the same frame, once authenticated
+
+
+def test_authenticate_lifts_the_handshake_limits() -> None:
+    decoder = FrameDecoder(preauth=True)
+    decoder.authenticate(None)
+    big = wire.encode_reply(1, [b"z" * (2 << 20), [[]] * 1000])
+    assert decoder.feed(big) == [Reply(1, [b"z" * (2 << 20), [[]] * 1000])]
 
 
 def test_partial_header_waits() -> None:
@@ -231,7 +262,7 @@ def test_fuzz_decode_body_only_raises_protocol_error(payload: bytes) -> None:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.binary(max_size=64) | st.builds(lambda v, n: wire.HEADER.pack(v, n),
-                                                      st.sampled_from([1, 1, 1, 0, 2]),
+                                                      st.sampled_from([2, 2, 2, 0, 1]),
                                                       st.integers(min_value=0, max_value=80)), max_size=10))
 def test_fuzz_feed_only_yields_messages_or_protocol_error(chunks: list[bytes]) -> None:
     decoder = FrameDecoder(max_frame=64)

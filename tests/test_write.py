@@ -44,6 +44,23 @@ def test_rewriting_replaces_the_file_on_its_holder_and_drops_twins(cluster4: Loc
     assert holders(cluster4, "/w-twin/f.txt") == ["n4"]
 
 
+def test_names_up_to_255_bytes_write_read_and_copy_back(cluster4: LocalCluster, tmp_path: Path) -> None:
+    """Any name the disk takes, the API takes: the temporary files of a put (on the holder) and of a
+    get (beside the local copy) are named to fit NAME_MAX whatever the final name."""
+    c = Cluster.open(cluster4.spec.name)
+    for name in ("L" * 255, "é" * 127, "m" * 235):
+        data = name.encode() * 3
+        assert c.write_bytes(f"/w-long/{name}", data, on="n3") == "n3"
+        assert (cluster4.export("n3") / "w-long" / name).read_bytes() == data
+        through = cluster4.mount("n1") / "w-long" / name
+        assert wait_for(through.is_file, timeout=5)
+        assert through.read_bytes() == data
+        assert c.get(f"/w-long/{name}", tmp_path / name) == (len(data), hashlib.sha256(data).hexdigest())
+        assert (tmp_path / name).read_bytes() == data
+    assert [p.name for p in tmp_path.iterdir() if "gmount-get" in p.name] == []
+    assert [p.name for p in (cluster4.export("n3") / "w-long").iterdir() if "gmount-put" in p.name] == []
+
+
 def test_put_get_mkdir_remove(cluster4: LocalCluster, tmp_path: Path) -> None:
     c = Cluster.open(cluster4.spec.name)
     local = tmp_path / "in.bin"
@@ -118,3 +135,35 @@ def test_a_remove_through_the_api_is_seen_by_every_node_at_once(cluster4: LocalC
             assert not c.where(f"{directory}/f.txt", from_node=node)[0].holders, node
             assert c.ls(directory, from_node=node).entries == (), node
         assert c.remove(directory, from_node="n2") == ("n4",)
+
+
+def test_a_new_file_from_outside_the_mounts_lands_near_its_directory_s_data(cluster4: LocalCluster) -> None:
+    """Not on the asking node (n1 here): on the node holding the new name's directory -- of several, the
+    one holding the most bytes there -- or its nearest existing ancestor's; `on=` still decides."""
+    name = cluster4.spec.name
+    files = {("n3", "w-near/data/a.csv"): b"x" * 5000, ("n2", "w-near/shared/small.txt"): b"s",
+             ("n4", "w-near/shared/big.bin"): b"b" * 20_000}
+    for (node, rel), data in files.items():
+        (cluster4.export(node) / rel).parent.mkdir(parents=True, exist_ok=True)
+        (cluster4.export(node) / rel).write_bytes(data)
+    cluster4.rescan()
+    c = Cluster.open(name)
+    assert c.home == "n1"
+    assert c.write_bytes("/w-near/data/new.csv", b"new") == "n3"  # the only node holding the directory
+    assert holders(cluster4, "/w-near/data/new.csv") == ["n3"]
+    assert c.write_bytes("/w-near/data/deeper/still/out.bin", b"deep") == "n3"  # its nearest existing ancestor
+    assert holders(cluster4, "/w-near/data/deeper/still/out.bin") == ["n3"]
+    assert c.write_bytes("/w-near/shared/new.txt", b"z") == "n4"  # n2 is nearer, n4 holds more there
+    assert c.write_bytes("/w-near/data/pinned.txt", b"p", on="n2") == "n2"  # told otherwise
+    assert c.mkdir("/w-near/data/sub") == "n3" and (cluster4.export("n3") / "w-near/data/sub").is_dir()
+    local = Path(cluster4.base) / "put-near.txt"
+    local.write_bytes(b"put\n")
+    assert c.put(local, "/w-near/shared/put.txt") == "n4"
+    fs = GmountFileSystem(cluster=name)  # fsspec writes go through the same API
+    fs.pipe("/w-near/data/piped.txt", b"piped")
+    assert holders(cluster4, "/w-near/data/piped.txt") == ["n3"]
+    with fsspec.open(f"gmount://{name}/w-near/shared/opened.txt", "wb") as f:
+        f.write(b"opened")
+    assert holders(cluster4, "/w-near/shared/opened.txt") == ["n4"]
+    # a name below nothing but the namespace root: the asking node, as a create through its mount
+    assert c.write_bytes(f"/w-near-{os.getpid()}/alone.txt", b"a", from_node="n2") == "n2"

@@ -45,6 +45,7 @@ from ..cluster.overlay import Overlay
 from ..cluster.state import ClusterState
 from ..errors import GmountError
 from ..jobs.spawn import Spawned
+from ..protocol.client import ClusterClient
 from .execution import Execution
 from .files import Files
 from .paths import PathLike as PathLike  # re-exported: the path type of every method
@@ -63,6 +64,8 @@ from .results import (
     Nodes,
     Placement,
     PlacementRow,
+    RunningJob,
+    RunningJobs,
     RunResult,
     StagedFile,
     StageError,
@@ -73,12 +76,14 @@ from .staging import Staging
 from .view import ClusterView
 
 if TYPE_CHECKING:
+    from distributed import Client
+
     from .filesystem import GmountFileSystem
 
 __all__ = [
     "Cluster", "ClusterStatus", "CommandTimeout", "Entry", "FileLocations", "Holder", "Listing", "Locations",
-    "Node", "Nodes", "Placement", "PlacementRow", "RunResult", "Spawned", "StageError", "StageFailure",
-    "StageReport", "StagedFile",
+    "Node", "Nodes", "Placement", "PlacementRow", "RunResult", "RunningJob", "RunningJobs", "Spawned", "StageError",
+    "StageFailure", "StageReport", "StagedFile",
 ]
 
 #: Jobs this process runs, per node (for tests and tools: `_running(cluster_name)`).
@@ -191,6 +196,12 @@ class Cluster:
         from .. import launch
         return ClusterStatus(self.name, tuple(blocking(launch.status, self.name)))
 
+    def answering(self, nodes: Iterable[str | Node] | None = None, *, timeout: float = 3.0) -> tuple[str, ...]:
+        """The nodes (of `nodes`, default all) whose daemons answer a ping within `timeout` seconds now,
+        in the order given. Cheap (one round trip each, all at once): for callers that must place
+        work on nodes that are up, such as the Pegasus site selector."""
+        return self._files.answering(nodes, timeout)
+
     def counters(self) -> dict[str, dict[str, int]]:
         """Bytes each node moved since its daemon started, local vs remote, per node.
 
@@ -201,6 +212,15 @@ class Cluster:
         Take two snapshots and subtract to measure one workflow.
         """
         return self._files.counters()
+
+    def jobs(self) -> RunningJobs:
+        """The jobs running on the cluster's nodes now, oldest first: those make (through gmount.mk), the
+        Snakemake executor, `run` and `spawn` started, on any machine whose daemon answers."""
+        return self._requests.run(self._jobs)
+
+    async def _jobs(self, client: ClusterClient) -> RunningJobs:
+        from .activity import sample
+        return (await sample(client, self._state)).jobs
 
     def rescan(self, nodes: Iterable[str | Node] | None = None) -> dict[str, int]:
         """Have `nodes` (default: all) look for files written straight into their exports now.
@@ -276,15 +296,39 @@ class Cluster:
         return self._execution.run(command, on=on, near=near, timeout=timeout, cwd=cwd, capture=capture)
 
     def spawn(self, command: str, *, on: str | Node, cwd: PathLike = "/", env: Mapping[str, str] | None = None,
-              stdout: Any = None, stderr: Any = None) -> Spawned:
+              stdout: Any = None, stderr: Any = None, job: str | None = None, kind: str = "api") -> Spawned:
         """Start a shell command on node `on`, in its mount, and return at once (see gmountpy.jobs.spawn).
 
         For executors running many jobs: poll the result, `stop()` it (its
         whole process group, also over SSH). The command sees `env` on top
         of this process's environment, plus GMOUNT_NODE, GMOUNT_SITE and
         GMOUNT_CLUSTER. `stdout`/`stderr` are as for subprocess.Popen.
+        While it runs, `jobs()` and `gmount top` show it as `job` (default:
+        the command), started by `kind` (e.g. "snakemake").
         """
-        return self._execution.spawn(command, on=on, cwd=cwd, env=env, stdout=stdout, stderr=stderr)
+        return self._execution.spawn(command, on=on, cwd=cwd, env=env, stdout=stdout, stderr=stderr, job=job,
+                                     kind=kind)
+
+    # -- Dask --------------------------------------------------------------------------
+
+    def dask(self, *, threads: int | None = None, placement: bool = True, timeout: float = 60.0) -> Client:
+        """A `distributed.Client` on Dask workers in every node's mount; starts them unless they run.
+
+        One worker per node (named after it, `threads` threads, default the
+        node's slots) and a scheduler that places each task on the node
+        holding most of its `gmount://` input (`placement=False`: Dask's own
+        placement). They stay up for other clients until `dask_down()`,
+        `gmount dask down` or `down()`. Needs the `dask` extra; see docs/dask.md.
+        """
+        from . import dask
+        return dask.client(self, threads=threads, placement=placement, timeout=timeout)
+
+    def dask_down(self) -> None:
+        """Stop this cluster's Dask scheduler and workers; the cluster itself stays up."""
+        from . import dask
+        problems = dask.down(self)
+        if problems:
+            raise GmountError("; ".join(f"{node}: {what}" for node, what in problems.items()))
 
     # -- write ---------------------------------------------------------------------
 
@@ -294,8 +338,11 @@ class Cluster:
 
         Where it lands: node `on` if given; else the node holding the file
         now (it is replaced there, as a write through the mount would);
-        else the asking node (`from_node`, default as in the module doc), as
-        a create through its mount would. The bytes go to a temporary file on that node, checked
+        else near the data of its directory: the node holding the directory
+        (of several, the one with the most bytes of files in it, then the
+        nearest), or its parent's when it does not exist yet, and so on up;
+        the asking node (`from_node`, default as in the module doc) when only
+        the namespace root is found. The bytes go to a temporary file on that node, checked
         by size and SHA-256, then renamed into place: readers see the old
         file or the whole new one. Copies of the path on other nodes are
         removed afterwards, so the new file is the only one.
@@ -313,7 +360,8 @@ class Cluster:
         return self._files.write_from(path, source, on, mode, from_node)
 
     def mkdir(self, path: PathLike, *, on: str | Node | None = None, from_node: str | Node | None = None) -> str:
-        """Make a directory (and missing parents) in one node's export (`on`, default the asking node).
+        """Make a directory (and missing parents) in one node's export: `on`, else the node holding its
+        parent directory (chosen as for a new file by `write_bytes`).
 
         FileExistsError if the name exists on any node.
         """

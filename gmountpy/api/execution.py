@@ -14,7 +14,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .._sync import blocking
+from ..cluster import registry
 from ..errors import GmountError
+from ..jobs import bypass
 from ..jobs.spawn import Spawned
 from .paths import PathLike, Paths
 from .placing import Job, Placer
@@ -45,12 +47,26 @@ class Execution:
         directory = self._paths.resolve(cwd, None)[0]
         with Job(self._view.name, node):
             if self._view.is_ssh(node):
-                over_ssh: RunResult = blocking(asyncio.run, self._run_ssh(node, text, directory, timeout, capture))
+                # no local process lives exactly as long as the remote command: this one stands in
+                shown = registry.register(self._view.name, node, job_label(text), os.getpid(), kind="api",
+                                          directory=directory)
+                try:
+                    over_ssh: RunResult = blocking(asyncio.run,
+                                                   self._run_ssh(node, text, directory, timeout, capture))
+                finally:
+                    registry.unregister(shown)
                 return over_ssh
             return self._run_local(node, text, directory, timeout, capture)
 
     def spawn(self, command: str, *, on: str | Node, cwd: PathLike = "/", env: Mapping[str, str] | None = None,
-              stdout: Any = None, stderr: Any = None) -> Spawned:
+              stdout: Any = None, stderr: Any = None, job: str | None = None, kind: str = "api") -> Spawned:
+        spawned = self._start(command, on=on, cwd=cwd, env=env, stdout=stdout, stderr=stderr)
+        registry.register(self._view.name, spawned.node, job or job_label(command), spawned.pid, kind=kind,
+                          directory=self._paths.resolve(cwd, None)[0])
+        return spawned
+
+    def _start(self, command: str, *, on: str | Node, cwd: PathLike, env: Mapping[str, str] | None,
+               stdout: Any, stderr: Any) -> Spawned:
         from ..jobs import spawn as spawning
 
         if not command.strip():
@@ -61,14 +77,17 @@ class Execution:
         extra = {**(env or {}), **self._command_env(node)}
         if self._view.is_ssh(node):
             where = posixpath.join(node_spec.mountpoint, directory.lstrip("/"))
-            argv = spawning.ssh_argv(node_spec, self._view.state.spec.ssh, command, where, extra)
+            argv = spawning.ssh_argv(node_spec, self._view.state.spec.ssh, command, where, extra,
+                                     bypass.remote_prelude(node_spec.python, {**os.environ, **extra}))
             return spawning.start(node, command, where, argv, os.environ, over_ssh=True, stdout=stdout,
                                   stderr=stderr)
         where = os.path.join(node_spec.mountpoint, directory.lstrip("/"))
         if not os.path.isdir(where):
             raise GmountError(f"cannot run on node {node}: {directory} is not a directory in its mount ({where})")
-        return spawning.start(node, command, where, spawning.local_argv(command), {**os.environ, **extra},
-                              over_ssh=False, stdout=stdout, stderr=stderr)
+        job_env = {**os.environ, **extra}
+        return spawning.start(node, command, where, spawning.local_argv(command),
+                              {**job_env, **bypass.job_environment(job_env)}, over_ssh=False, stdout=stdout,
+                              stderr=stderr)
 
     def _command_env(self, node: str) -> dict[str, str]:
         return {"GMOUNT_NODE": node, "GMOUNT_SITE": self._view.state.spec.nodes[node].site,
@@ -82,9 +101,11 @@ class Execution:
             raise GmountError(f"cannot run on node {node}: {directory} is not a directory in its mount ({cwd})")
         started = time.monotonic()
         pipe = subprocess.PIPE if capture else None
-        process = subprocess.Popen(command, shell=True, cwd=cwd, env={**os.environ, **self._command_env(node)},
+        env = {**os.environ, **self._command_env(node)}
+        process = subprocess.Popen(command, shell=True, cwd=cwd, env={**env, **bypass.job_environment(env)},
                                    stdin=subprocess.DEVNULL if capture else None, stdout=pipe, stderr=pipe,
                                    start_new_session=capture)
+        registry.register(self._view.name, node, job_label(command), process.pid, kind="api", directory=directory)
         try:
             out, err = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -111,7 +132,8 @@ class Execution:
         dest = destination(node_spec)
         cwd = posixpath.join(node_spec.mountpoint, directory.lstrip("/"))
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in self._command_env(node).items())
-        inner = f"cd {shlex.quote(cwd)} && {exports} exec /bin/sh -c {shlex.quote(command)}"
+        prelude = bypass.remote_prelude(node_spec.python)  # the node's own copy of the bypass library
+        inner = f"cd {shlex.quote(cwd)} && {prelude}{exports} exec /bin/sh -c {shlex.quote(command)}"
         remote = f"exec /bin/sh -c {shlex.quote(inner)}"  # any login shell, even csh, can exec sh
         started = time.monotonic()
         try:
@@ -130,6 +152,12 @@ class Execution:
             code = 128 + int(number) if number is not None else 255
         return RunResult(node, command, cwd, code, _text(result.stdout), _text(result.stderr),
                          time.monotonic() - started)
+
+
+def job_label(command: str, width: int = 60) -> str:
+    """A command as `gmount top` shows a job started without a name: one line, at most `width` characters."""
+    line = " ".join(command.split())
+    return line if len(line) <= width else line[:width - 3] + "..."
 
 
 def _kill(process: subprocess.Popen[bytes], group: bool) -> None:

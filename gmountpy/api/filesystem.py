@@ -1,4 +1,4 @@
-"""fsspec file system for gmount clusters: read cluster data without a local mount.
+"""fsspec file system for gmount clusters: read and write cluster data without a local mount.
 
 URLs name the cluster in the host part and a namespace path after it::
 
@@ -14,62 +14,253 @@ launcher's state). Storage options:
     a running cluster's name, its cluster file, or a path inside a mount;
     taken from the URL's host part when given there.
 ``node``
-    the node the file system asks from (default: the cluster's first node).
-    Lookups, listings and "nearest" follow that node's view: its own files
-    first, then its site, then other sites by RTT -- as its mount would.
+    the node the file system asks from (default: the node whose mount this
+    process runs in, as a gmount job or Dask worker does; else the cluster's
+    first node). Lookups, listings and "nearest" follow that node's view: its
+    own files first, then its site, then other sites by RTT -- as its mount would.
 
-Listings are the merge of every node's directory, like the mount. Reading
-opens the file on its nearest holder (bound at open time, close-to-open) and
-fetches byte ranges from that node directly; nothing is relayed or copied
-whole. ``info`` carries ``node`` (the holder read from), ``site``,
-``export_path`` and ``locations``: every holder, nearest first.
+Inside a node's mount -- a process started by gmount on a node (`run`,
+`spawn`, a Dask worker: GMOUNT_CLUSTER and GMOUNT_NODE set) whose mount is on
+this machine -- files are read through that mount: the node's own files from
+its disk, others by the mount from their holder (and counted in the node's
+`read_local` / `read_remote`), instead of over RPC from this process.
 
-Writing (``open(..., "wb")``, ``pipe``, ``put``, ``touch``) replaces a file
-on the node that holds it, and creates a new one on ``node``, as a write
-through that node's mount would; the whole file is sent when it is closed
-(buffered locally until then), checked by size and SHA-256, and renamed into
-place, so readers see the old file or the whole new one. ``mkdir`` makes the
-directory on ``node``; ``rm`` removes a file from every node holding it (a
-directory: from every node that has it, once empty).
+A file system instance keeps one authenticated connection per node it talks
+to, on a trio loop of its own (a daemon thread), for its whole life: every
+call and every open file shares them.
+
+Reading: ``open`` looks the path up, then opens it on its nearest holder and
+keeps that handle until ``close``; every range is read through it, directly
+from that node. So a file is bound at open (close-to-open): one replaced or
+rewritten on its node meanwhile is still read whole, as it was when opened --
+never bytes of two versions. ``info`` carries ``node`` (the holder read
+from), ``site``, ``export_path`` and ``locations``: every holder, nearest
+first. Listings are the merge of every node's directory, like the mount.
+
+Writing (``open(..., "wb")``, ``pipe``, ``put``, ``touch``, ``cp``) replaces
+a file on the node that holds it, and creates a new one on ``node``, as a
+write through that node's mount would. The bytes stream into a hidden
+temporary file on that node as the buffer fills; committing checks its size
+and SHA-256 and renames it into place, so readers see the old file or the
+whole new one, never part of it. A file commits when it is closed, or --
+inside ``with fs.transaction:`` or opened with ``autocommit=False`` -- when
+the transaction ends (``commit()``/``discard()`` by hand otherwise). An
+exception inside ``with fs.open(..., "wb") as f:`` discards the write.
+``mkdir`` makes the directory on ``node``; ``rm`` removes a file from every
+node holding it (a directory: from every node that has it, once empty).
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import posixpath
-import tempfile
-from datetime import UTC
-from typing import Any
+import re
+import threading
+import weakref
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import IO, Any, Protocol, TypeVar
 
+import trio
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 from fsspec.utils import stringify_path
 
-from ..errors import GmountError
-from .cluster import Cluster, Entry, FileLocations
+from .._sync import blocking
+from ..cluster import state as state_store
+from ..cluster.state import ClusterState, load_secret
+from ..errors import GmountError, NodeUnavailable
+from ..protocol import messages as msg
+from ..protocol.client import ClusterClient, open_client
+from .files import PutPlan, finish_put, plan_put, put_open
+from .requests import Requests, close_quietly, read_handle, write_handle
+from .results import Entry, FileLocations
+from .view import ClusterView
 
 __all__ = ["GmountFile", "GmountFileSystem"]
 
 PROTOCOL = "gmount"
+T = TypeVar("T")
+
+#: A daemon's temporary file of a write or staging in progress (`.NAME.gmount-put-XXXXXXXX`): a node's
+#: export scan can list one for a moment before it is renamed into place; it is never a user's file.
+_IN_FLIGHT = re.compile(r"\..+\.gmount-(put|stage)-[0-9a-f]{8}\Z", re.DOTALL)
 
 
-def _open_cluster(cluster: Cluster | str | None) -> Cluster:
-    return cluster if isinstance(cluster, Cluster) else Cluster.open(cluster or None)
+class ClusterLike(Protocol):
+    """What `GmountFileSystem(cluster=...)` takes from a `gmountpy.Cluster`: its name and home node."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def home(self) -> str: ...
+
+
+class Session:
+    """One ClusterClient on a trio loop of its own (a daemon thread), shared by every call and open file.
+
+    Calls come from any thread (also one running asyncio, as in Jupyter:
+    see gmountpy._sync) and run concurrently on the loop; each node has one
+    connection, opened at its first use.
+    """
+
+    def __init__(self, state: ClusterState, secret: bytes) -> None:
+        self.state = state
+        self.secret = secret
+        self.pid = os.getpid()
+        self._client: ClusterClient | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._stop: trio.Event | None = None
+        self._nursery: trio.Nursery | None = None
+        self._ready = threading.Event()
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._serve, name=f"gmount-fsspec-{state.name}", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._failure is not None:
+            raise self._failure
+
+    def _serve(self) -> None:
+        async def main() -> None:
+            self._stop = trio.Event()
+            # the nursery: requests sent without waiting (`send`), finished before the connections close
+            async with open_client(self.state, name="gmount-fsspec", secret=self.secret) as client, \
+                    trio.open_nursery() as nursery:
+                self._client, self._nursery = client, nursery
+                self._token = trio.lowlevel.current_trio_token()
+                self._ready.set()
+                await self._stop.wait()
+
+        try:
+            trio.run(main)
+        except BaseException as exc:  # reported to the constructor, or the loop ended: calls say so
+            self._failure = exc
+        finally:
+            self._client = None
+            self._ready.set()
+
+    @property
+    def alive(self) -> bool:
+        return self._client is not None and self.pid == os.getpid()
+
+    def call(self, func: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Run `func(client, *args)` on the session's loop and return its result (from any thread but the loop's)."""
+        client, token = self._client, self._token
+        if client is None or token is None or self.pid != os.getpid():
+            raise ConnectionResetError(errno.ECONNRESET, f"the connections to cluster {self.state.name!r} "
+                                                         "were closed")
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("a gmount:// call from the file system's own event loop would wait for itself")
+        try:
+            result: T = blocking(trio.from_thread.run, func, client, *args, trio_token=token)
+            return result
+        except trio.RunFinishedError:
+            raise ConnectionResetError(errno.ECONNRESET, f"the connections to cluster {self.state.name!r} "
+                                                         "were closed") from None
+        except BaseExceptionGroup as group:  # several concurrent requests failed: the first says why
+            raise _first_leaf(group) from None
+
+    def send(self, node: str, request: msg.Close | msg.PutAbort) -> None:
+        """Release a handle without waiting for the answer (also from a finalizer, on any thread)."""
+        client, token, nursery = self._client, self._token, self._nursery
+        if client is None or token is None or nursery is None or self.pid != os.getpid():
+            return  # the connection is gone, and the handle with it
+        try:
+            token.run_sync_soon(nursery.start_soon, close_quietly, client, node, request)
+        except trio.RunFinishedError:
+            pass
+
+    def close(self) -> None:
+        """Close every connection (open handles die with them) and end the loop."""
+        stop, token = self._stop, self._token
+        if stop is None or token is None or self.pid != os.getpid() or not self._thread.is_alive():
+            return
+        try:
+            token.run_sync_soon(stop.set)  # never waits: also safe from a finalizer on the loop's own thread
+        except trio.RunFinishedError:
+            return
+        if threading.current_thread() is not self._thread:
+            self._thread.join(10)
 
 
 class GmountFileSystem(AbstractFileSystem):
-    """fsspec access to a running gmount cluster over its daemons' RPC (see module doc)."""
+    """fsspec access to a running gmount cluster over its daemons' RPC (see the module doc)."""
 
     protocol = PROTOCOL
     root_marker = "/"
 
-    def __init__(self, cluster: Cluster | str | None = None, node: str | None = None, **kwargs: Any) -> None:
-        super().__init__(cluster=cluster, node=node, **kwargs)
-        self.cluster = _open_cluster(cluster)
-        if node is not None and node not in self.cluster.nodes:
-            raise GmountError(f"unknown node {node!r} in cluster {self.cluster.name!r} "
-                              f"(nodes: {', '.join(self.cluster.nodes.names)})")
-        self.node = node if node is not None else self.cluster.home
+    def __init__(self, cluster: str | os.PathLike[str] | ClusterLike | None = None, node: str | None = None,
+                 **kwargs: Any) -> None:
+        home: str | None = None
+        if cluster is not None and not isinstance(cluster, (str, os.PathLike)):
+            home, cluster = cluster.home, cluster.name
+        found = state_store.resolve(os.fspath(cluster) if cluster is not None else None, paths=[os.getcwd()])
+        #: (node, mountpoint) when this process runs inside a node's mount on this machine: reads go through it
+        self.mount = _mount_here(found.state)
+        default = self.mount[0] if self.mount is not None else (home if home is not None else found.node)
+        view = ClusterView(found.state, node if node is not None else default)
+        super().__init__(cluster=found.state.name, node=view.home, **kwargs)
+        #: the cluster's name (the `cluster` storage option, resolved)
+        self.cluster: str = found.state.name
+        #: the node this file system asks from
+        self.node: str = view.home
+        self._requests = Requests(view)
+        self._lock = threading.Lock()
+        self._session = Session(found.state, load_secret(found.state.name))
+        self._closer = weakref.finalize(self, self._session.close)  # its thread and connections go with it
+
+    # -- the connections -----------------------------------------------------------
+
+    @property
+    def session(self) -> Session:
+        """The live session; a new one after a fork (the parent's loop does not exist in a child)."""
+        with self._lock:
+            if not self._session.alive:
+                state = state_store.load(self.cluster)
+                if state is None:
+                    raise GmountError(f"cluster {self.cluster!r} is no longer running: start it with `gmount up`")
+                self._replace(Session(state, load_secret(state.name)))
+            return self._session
+
+    def _replace(self, session: Session) -> None:
+        self._closer.detach()
+        self._session = session
+        self._closer = weakref.finalize(self, session.close)
+
+    def _refresh(self, failed: Session) -> bool:
+        """After a node did not answer: if the cluster was restarted (new ports or secret), a new session."""
+        with self._lock:
+            if self._session is not failed and self._session.alive:
+                return True  # another thread already refreshed it
+            state = state_store.load(self.cluster)
+            if state is None:
+                raise GmountError(f"cluster {self.cluster!r} is no longer running: start it with `gmount up`")
+            secret = load_secret(state.name)
+            moved = secret != failed.secret or any(
+                (record.host, record.port) != (old.host, old.port)
+                for name, record in state.nodes.items()
+                if (old := failed.state.nodes.get(name)) is not None)
+            if not moved:
+                return False
+            failed.close()
+            self._replace(Session(state, secret))
+            return True
+
+    def call(self, func: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Run `func(client, *args)` on this file system's connections.
+
+        A node that does not answer because the cluster was restarted (new ports, a new secret)
+        is asked again once, over new connections; files open before that cannot be read on.
+        """
+        session = self.session
+        try:
+            return session.call(func, *args)
+        except NodeUnavailable:
+            if not self._refresh(session):
+                raise
+        return self.session.call(func, *args)
 
     # -- paths -----------------------------------------------------------------
 
@@ -95,100 +286,130 @@ class GmountFileSystem(AbstractFileSystem):
         return {}
 
     def unstrip_protocol(self, name: str) -> str:
-        return f"{PROTOCOL}://{self.cluster.name}{self._strip_protocol(name)}"
+        return f"{PROTOCOL}://{self.cluster}{self._strip_protocol(name)}"
 
     # -- metadata ----------------------------------------------------------------
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         path = self._strip_protocol(path)
-        listing = self.cluster.ls(path, from_node=self.node)
+        listing = self.call(self._requests.listing, self.node, path)
         if len(listing.entries) == 1 and listing.entries[0].path == path:
             entries = [self.info(path)]  # `ls` of a file: that file, with all its details
         else:
-            entries = [_entry_info(e) for e in listing.entries]
+            entries = [_entry_info(e) for e in listing.entries if not _IN_FLIGHT.match(e.name)]
         return entries if detail else [e["name"] for e in entries]
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         path = self._strip_protocol(path)
-        found = self.cluster.where(path, from_node=self.node)[0]
+        found = self.call(self._requests.where, self.node, path)
         if not found.holders:
-            raise FileNotFoundError(errno.ENOENT, f"no node of cluster {self.cluster.name!r} holds {path}", path)
+            raise FileNotFoundError(errno.ENOENT, f"no node of cluster {self.cluster!r} holds {path}", path)
         return _info(found)
 
-    def modified(self, path: str) -> Any:
-        from datetime import datetime
+    def modified(self, path: str) -> datetime:
         return datetime.fromtimestamp(self.info(path)["mtime"], tz=UTC)
 
     # -- data ------------------------------------------------------------------------
 
     def _open(self, path: str, mode: str = "rb", block_size: Any = None, autocommit: bool = True,
-              cache_options: Any = None, **kwargs: Any) -> GmountFile:
-        if mode in ("wb", "xb"):
-            path = self._strip_protocol(path)
-            if mode == "xb" and self.exists(path):
-                raise FileExistsError(errno.EEXIST, f"{path} exists", path)
-            return GmountFile(self, path, "wb", block_size, autocommit, cache_options=cache_options, **kwargs)
-        if mode != "rb":
+              cache_options: Any = None, **kwargs: Any) -> GmountFile | IO[bytes]:
+        path = self._strip_protocol(path)
+        if mode not in ("rb", "wb", "xb"):
             raise NotImplementedError(f"gmount:// files open as 'rb', 'wb' or 'xb', not {mode!r} "
                                       "(to append, write through a node's mount)")
-        details = self.info(path)
-        if details["type"] == "directory":
-            raise IsADirectoryError(errno.EISDIR, f"{details['name']} is a directory", details["name"])
-        return GmountFile(self, details["name"], mode, block_size, autocommit, cache_options=cache_options,
-                          details=details, **kwargs)
+        if mode == "rb" and self.mount is not None:
+            return open(self._in_mount(path), "rb")  # noqa: SIM115 -- the caller closes it, as any fsspec file
+        if mode == "xb" and self.exists(path):
+            raise FileExistsError(errno.EEXIST, f"{path} exists", path)
+        return GmountFile(self, path, mode, block_size, autocommit, cache_options=cache_options, **kwargs)
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
-        """One round of reads from the nearest holder, without the file object's block cache."""
-        details = self.info(path)
-        if details["type"] == "directory":
-            raise IsADirectoryError(errno.EISDIR, f"{details['name']} is a directory", details["name"])
-        size = details["size"]
-        first = 0 if start is None else (max(0, size + start) if start < 0 else start)
-        stop = size if end is None else (max(0, size + end) if end < 0 else min(end, size))
-        if stop <= first:
-            return b""
-        return self.cluster.read_range(details["name"], first, stop, holder=details["node"])
-
-    # -- writing ---------------------------------------------------------------------
-
-    def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
+        """Bytes [start, end) (negative: from the end) read from the nearest holder, through one handle."""
         path = self._strip_protocol(path)
-        if mode == "create" and self.exists(path):
-            raise FileExistsError(errno.EEXIST, f"{path} exists", path)
-        self.cluster.write_bytes(path, value, from_node=self.node)
+        if self.mount is not None:
+            with open(self._in_mount(path), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                first = 0 if start is None else (max(0, size + start) if start < 0 else min(start, size))
+                stop = size if end is None else (max(0, size + end) if end < 0 else min(end, size))
+                f.seek(first)
+                return f.read(max(0, stop - first))
+
+        async def read(client: ClusterClient) -> bytes:
+            holder, opened = await _open_nearest(client, self._requests, self.node, path)
+            try:
+                size = opened.attr.size
+                first = 0 if start is None else (max(0, size + start) if start < 0 else min(start, size))
+                stop = size if end is None else (max(0, size + end) if end < 0 else min(end, size))
+                return await read_handle(client, holder, opened.handle, first, max(first, stop))
+            finally:
+                await close_quietly(client, holder, msg.Close(opened.handle))
+
+        return self.call(read)
 
     def put_file(self, lpath: str, rpath: str, callback: Any = None, mode: str = "overwrite", **kwargs: Any) -> None:
-        rpath = self._strip_protocol(rpath)
+        """Upload a local file (streamed, committed like any write), keeping its permission bits."""
         if os.path.isdir(lpath):
             self.makedirs(rpath, exist_ok=True)
             return
         if mode == "create" and self.exists(rpath):
-            raise FileExistsError(errno.EEXIST, f"{rpath} exists", rpath)
-        self.cluster.put(lpath, rpath, from_node=self.node)
-        if callback is not None:
-            size = os.path.getsize(lpath)
-            callback.set_size(size)
-            callback.relative_update(size)
+            raise FileExistsError(errno.EEXIST, f"{self._strip_protocol(rpath)} exists", rpath)
+        with open(lpath, "rb") as source:
+            size = os.fstat(source.fileno()).st_size
+            if callback is not None:
+                callback.set_size(size)
+            with self.open(rpath, "wb", permissions=os.fstat(source.fileno()).st_mode & 0o7777, **kwargs) as target:
+                while piece := source.read(self.blocksize):
+                    target.write(piece)
+                    if callback is not None:
+                        callback.relative_update(len(piece))
+
+    def _in_mount(self, path: str) -> str:
+        assert self.mount is not None
+        return os.path.join(self.mount[1], self._strip_protocol(path).lstrip("/"))
 
     def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
-        self.pipe_file(path2, self.cat_file(path1))
+        """Copy through this process, one handle on each side (the source as it was when opened).
+
+        A directory is made (recursive copies name every directory they cross)."""
+        if self.isdir(path1):
+            self.makedirs(path2, exist_ok=True)
+            return
+        with self.open(path1, "rb") as source, self.open(path2, "wb", **kwargs) as target:
+            while piece := source.read(source.blocksize):
+                target.write(piece)
+
+    # -- the namespace ---------------------------------------------------------------
 
     def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
         path = self._strip_protocol(path)
         if not create_parents and not self.isdir(posixpath.dirname(path)):
             raise FileNotFoundError(errno.ENOENT, f"{posixpath.dirname(path)} is not a directory", path)
-        self.cluster.mkdir(path, from_node=self.node)
+        self._mkdir(path)
 
     def makedirs(self, path: str, exist_ok: bool = False) -> None:
         path = self._strip_protocol(path)
-        if self.exists(path):
-            if exist_ok and self.isdir(path):
-                return
-            raise FileExistsError(errno.EEXIST, f"{path} exists", path)
-        self.cluster.mkdir(path, from_node=self.node)
+        if exist_ok and self.isdir(path):
+            return
+        self._mkdir(path)
+
+    def _mkdir(self, path: str) -> None:
+        async def make(client: ClusterClient) -> None:
+            found = await self._requests.where(client, self.node, path)
+            if found.nearest is not None:
+                raise FileExistsError(errno.EEXIST, f"{path} exists (on node {found.nearest.node})", path)
+            await client.ask(self.node, msg.Mkdir(path, 0o755))  # (with its parents) in this node's export
+            await client.ask(self.node, msg.Rescan())  # its homes hear of it now, not at the next scan
+
+        self.call(make)
 
     def rm_file(self, path: str) -> None:
-        self.cluster.remove(self._strip_protocol(path), from_node=self.node)
+        path = self._strip_protocol(path)
+
+        async def remove(client: ClusterClient) -> None:
+            # as this node's mount removes it: every holder, and the directory's home, before the reply
+            await client.ask(self.node, msg.Remove(path))
+
+        self.call(remove)
 
     def _rm(self, path: str) -> None:
         self.rm_file(path)
@@ -197,44 +418,133 @@ class GmountFileSystem(AbstractFileSystem):
         path = self._strip_protocol(path)
         if not self.isdir(path):
             raise NotADirectoryError(errno.ENOTDIR, f"{path} is not a directory", path)
-        self.cluster.remove(path, from_node=self.node)
+        self.rm_file(path)
 
 
 class GmountFile(AbstractBufferedFile):
-    """A file opened for reading, bound to the holder found at open time (close-to-open) -- or for
-    writing: buffered in a local temporary file and sent whole on close (see the module doc)."""
+    """A gmount:// file open for reading (bound to one holder's handle at open) or writing (see the module doc)."""
 
     def __init__(self, fs: GmountFileSystem, path: str, mode: str, block_size: Any, autocommit: bool,
-                 cache_options: Any = None, details: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        self.holder: str | None = details["node"] if details is not None else None
-        self._spool: Any = None
-        sized = {"size": details["size"]} if details is not None else {}
+                 cache_options: Any = None, **kwargs: Any) -> None:
+        self._session = fs.session
+        self.holder: str | None = None   # reading: the node whose handle is read; writing: the target
+        self._handle: int | None = None
+        self._digest = hashlib.sha256()
+        self._plan: PutPlan | None = None
+        self._sent = 0
+        self._state = "open"             # writing: "open", then "committed" or "discarded"
+        self._permissions = int(kwargs.pop("permissions", 0o644))
+        sized: dict[str, Any] = {}
+        if mode == "rb":
+            self.holder, opened = fs.call(_open_nearest, fs._requests, fs.node, path)
+            self._session = fs.session  # the one the handle was opened on
+            self._handle = opened.handle
+            sized = {"size": opened.attr.size}
         super().__init__(fs, path, mode, block_size if block_size is not None else "default", autocommit,
                          cache_options=cache_options, **sized, **kwargs)
-        if details is not None:
-            self.details = details
 
-    def _initiate_upload(self) -> None:
-        # open across _upload_chunk calls, closed by the final one: no `with` can span them
-        self._spool = tempfile.SpooledTemporaryFile(max_size=64 * 1024 * 1024)  # noqa: SIM115
-
-    def _upload_chunk(self, final: bool = False) -> bool:
-        self._spool.write(self.buffer.getvalue())
-        if final:
-            fs: GmountFileSystem = self.fs
-            self._spool.seek(0)
-            try:
-                fs.cluster.write_from(self.path, self._spool, from_node=fs.node)
-            finally:
-                self._spool.close()
-        return True
+    # -- reading: every range through the handle bound at open ----------------------
 
     def _fetch_range(self, start: int, end: int) -> bytes:
         if end <= start:
             return b""
+        assert self.holder is not None and self._handle is not None, "only files opened for reading fetch"
+        return self._through_handle(read_handle, self.holder, self._handle, start, min(end, self.size))
+
+    def _through_handle(self, func: Callable[..., Awaitable[T]], *args: Any) -> T:
+        try:
+            return self._session.call(func, *args)
+        except (ConnectionResetError, NodeUnavailable) as exc:
+            raise OSError(errno.EIO, f"{self.path}: the connection to node {self.holder} was lost while the file "
+                                     f"was open ({exc}); open it again") from None
+
+    # -- writing: a verified put on the target node, committed at close or transaction end -----------
+
+    def _initiate_upload(self) -> None:
         fs: GmountFileSystem = self.fs
-        assert self.holder is not None, "only files opened for reading fetch ranges"
-        return fs.cluster.read_range(self.path, start, end, holder=self.holder)
+
+        async def start(client: ClusterClient) -> tuple[PutPlan, int]:
+            plan = await plan_put(fs._requests, client, fs.node, self.path, None)
+            return plan, await put_open(client, plan, self._permissions)
+
+        self._plan, self._handle = fs.call(start)
+        self.holder = self._plan.target
+        self._session = fs.session
+
+    def _upload_chunk(self, final: bool = False) -> bool:
+        assert self.holder is not None and self._handle is not None, "the put starts before the first chunk"
+        self._sent += self._through_handle(write_handle, self.holder, self._handle, self._sent,
+                                           [self.buffer.getvalue()], self._digest)
+        if final and self.autocommit:
+            self.commit()
+        return True
+
+    def commit(self) -> None:
+        """Check what landed (size and SHA-256) and rename it into place; other copies of the name go."""
+        if not self.closed and self._state == "open":
+            self.close()  # the rest of the buffer goes first (not committed: autocommit is off)
+        if self._state != "open" or self._handle is None or self._plan is None:
+            return  # nothing written (discarded, or never flushed), or committed already
+        self._state = "committed"
+        self._through_handle(finish_put, self._plan, self._handle, self._sent, self._digest.hexdigest())
+
+    def discard(self) -> None:
+        """Give up the write: the temporary file goes, the name keeps what it had."""
+        if self._state != "open":
+            return
+        self._state = "discarded"
+        if self._handle is not None and self.holder is not None:
+            self._session.send(self.holder, msg.PutAbort(self._handle))
+
+    def __exit__(self, exc_type: Any, *rest: Any) -> None:
+        if exc_type is not None and self.writable():
+            self.discard()  # a write that failed half-way must not replace the file
+            self.closed = True
+            return
+        self.close()
+
+    # -- closing -----------------------------------------------------------------
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            super().close()
+        finally:
+            if self.mode == "rb" and self._handle is not None and self.holder is not None:
+                handle, self._handle = self._handle, None
+                self._session.send(self.holder, msg.Close(handle))
+
+
+def _mount_here(state: ClusterState) -> tuple[str, str] | None:
+    """(node, mountpoint) when this process runs on a node of the cluster whose mount is on this machine."""
+    node = os.environ.get("GMOUNT_NODE")
+    if os.environ.get("GMOUNT_CLUSTER") != state.name or node is None or node not in state.spec.nodes:
+        return None
+    mountpoint = state.spec.nodes[node].mountpoint
+    return (node, mountpoint) if os.path.ismount(mountpoint) else None
+
+
+async def _open_nearest(client: ClusterClient, requests: Requests, asking: str,
+                        path: str) -> tuple[str, msg.OpenReply]:
+    """Open `path` read-only on its nearest holder as `asking` sees it: (holder, the open handle)."""
+    for _ in range(3):
+        found = await requests.where(client, asking, path)
+        nearest = found.nearest
+        if nearest is None:
+            raise FileNotFoundError(errno.ENOENT, f"no node holds {path}", path)
+        if nearest.is_dir:
+            raise IsADirectoryError(errno.EISDIR, f"{path} is a directory (on node {nearest.node})", path)
+        try:
+            return nearest.node, await client.ask(nearest.node, msg.Open(path, os.O_RDONLY))
+        except FileNotFoundError:
+            continue  # it moved or went between the lookup and the open: look again
+    raise FileNotFoundError(errno.ENOENT, f"{path} kept moving while it was opened", path)
+
+
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 def _entry_info(entry: Entry) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import errno
 import os
 import posixpath
 import stat
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import trio
@@ -129,29 +129,63 @@ class Requests:
         if start < 0 or (end is not None and end < start):
             raise ValueError(f"bad byte range [{start}, {end})")
         opened = await client.ask(node, msg.Open(path, os.O_RDONLY))
-        handle = opened.handle
         try:
             size = opened.attr.size
-            stop = size if end is None else min(end, size)
-            offsets = list(range(start, stop, READ_PIECE))
-            pieces: dict[int, bytes] = {}
-            limiter = trio.CapacityLimiter(READS_IN_FLIGHT)
-
-            async def piece(offset: int) -> None:
-                async with limiter:
-                    pieces[offset] = await client.ask(node, msg.Read(handle, offset, min(READ_PIECE, stop - offset)),
-                                                     timeout=60.0)
-
-            async with open_nursery() as nursery:
-                for offset in offsets:
-                    nursery.start_soon(piece, offset)
-            return b"".join(pieces[o] for o in offsets)
+            return await read_handle(client, node, opened.handle, start, size if end is None else min(end, size))
         finally:
-            with trio.CancelScope(shield=True):
-                try:
-                    await client.ask(node, msg.Close(handle))
-                except OSError:
-                    pass  # the handle dies with the connection anyway
+            await close_quietly(client, node, msg.Close(opened.handle))
+
+
+async def read_handle(client: ClusterClient, node: str, handle: int, start: int, stop: int) -> bytes:
+    """Bytes [start, stop) through a handle open on `node`, READS_IN_FLIGHT 4 MiB reads at a time."""
+    offsets = list(range(start, stop, READ_PIECE))
+    pieces: dict[int, bytes] = {}
+    limiter = trio.CapacityLimiter(READS_IN_FLIGHT)
+
+    async def piece(offset: int) -> None:
+        async with limiter:
+            pieces[offset] = await client.ask(node, msg.Read(handle, offset, min(READ_PIECE, stop - offset)),
+                                             timeout=60.0)
+
+    async with open_nursery() as nursery:
+        for offset in offsets:
+            nursery.start_soon(piece, offset)
+    return b"".join(pieces[o] for o in offsets)
+
+
+async def write_handle(client: ClusterClient, node: str, handle: int, offset: int, pieces: Iterable[bytes],
+                       digest: Any) -> int:
+    """Send `pieces` to a handle open on `node` from `offset` on, READS_IN_FLIGHT writes at a time.
+
+    Each piece is added to `digest` (a hashlib object) in order; returns the bytes sent.
+    """
+    in_flight = trio.Semaphore(READS_IN_FLIGHT)
+    sent = 0
+
+    async def send(at: int, piece: bytes) -> None:
+        try:
+            await client.ask(node, msg.Write(handle, at, piece), timeout=60.0)
+        finally:
+            in_flight.release()
+
+    async with open_nursery() as nursery:
+        for piece in pieces:
+            for start in range(0, len(piece), READ_PIECE):  # the daemon takes at most 4 MiB a write
+                part = piece[start:start + READ_PIECE]
+                digest.update(part)
+                await in_flight.acquire()
+                nursery.start_soon(send, offset + sent, part)
+                sent += len(part)
+    return sent
+
+
+async def close_quietly(client: ClusterClient, node: str, request: msg.Close | msg.PutAbort) -> None:
+    """Release a handle, even while being cancelled; a handle whose connection is gone died with it."""
+    with trio.CancelScope(shield=True):
+        try:
+            await client.ask(node, request)
+        except OSError:
+            pass
 
 
 def readable_holder(found: FileLocations) -> Holder:

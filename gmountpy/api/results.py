@@ -444,3 +444,48 @@ class ClusterStatus(_Table):
     def _rows(self) -> list[list[str]]:
         return [[n.name, n.site, str(n.pid), n.address, n.mountpoint, "up" if n.up else f"down ({n.detail})"]
                 for n in self.nodes]
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    """A job running on a node, as whoever started it registered it (gmountpy.cluster.registry)."""
+
+    node: str        # where it runs
+    job: str         # a make target, a Snakemake rule, a command
+    kind: str        # who started it: "make", "snakemake", "api"
+    directory: str   # its working directory in the namespace
+    started: float   # seconds since the epoch
+    host: str        # the machine that started it
+    pid: int         # there, a process that lives as long as the job
+
+
+@dataclass(frozen=True, repr=False)
+class RunningJobs(_Table):
+    """The jobs running on a cluster's nodes, oldest first."""
+
+    items: tuple[RunningJob, ...]
+
+    def __iter__(self) -> Iterator[RunningJob]:
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> RunningJob:
+        return self.items[index]
+
+    def per_node(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for job in self.items:
+            counts[job.node] = counts.get(job.node, 0) + 1
+        return counts
+
+    def _caption(self) -> str:
+        return _count(len(self.items), "job") + " running"
+
+    def _columns(self) -> Sequence[str]:
+        return ("node", "job", "kind", "started", "directory")
+
+    def _rows(self) -> list[list[str]]:
+        return [[j.node, j.job, j.kind, datetime.fromtimestamp(j.started).strftime("%H:%M:%S"), j.directory]
+                for j in self.items]

@@ -18,11 +18,12 @@ from ..errors import GmountError
 #: subcommand name -> module in gmountpy.cli defining `command`
 COMMANDS: dict[str, str] = {
     **{name: name for name in ("up", "down", "status", "where", "probe", "ls", "stage", "place", "run", "demo",
-                               "rescan")},
+                               "rescan", "plan", "top", "report", "shell", "env")},
     "snakemake-profile": "snakemake_profile",
     "slurm-extra": "slurm_extra",
     "audit": "audit",
     "pipeline": "pipeline",
+    "dask": "dask",
 }
 
 

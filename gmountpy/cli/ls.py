@@ -4,10 +4,11 @@ import json
 
 import click
 from rich.table import Table
+from rich.text import Text
 
 from ..api.results import human_size
 from ._cluster import cluster_option_help, open_cluster
-from ._common import console
+from ._common import console, shown
 
 
 @click.command("ls")
@@ -28,12 +29,13 @@ def command(path: str, cluster: str | None, node: str | None, as_json: bool) -> 
                                             "node": e.node, "holders": list(e.holders)} for e in listing.entries]},
                               indent=2))
         return
-    table = Table(title=f"{listing.path} (as node {listing.asked_from} sees it)", show_edge=False,
+    # names as `ls` shows them (a newline in a name cannot forge a row), never read as rich markup
+    table = Table(title=Text(f"{shown(listing.path)} (as node {listing.asked_from} sees it)"), show_edge=False,
                   title_justify="left")
     for column in ("name", "size", "holder", "also on"):
         table.add_column(column)
     for e in listing.entries:
-        name = f"[bold blue]{e.name}/[/]" if e.kind == "directory" else e.name
+        name = Text(shown(e.name) + "/", style="bold blue") if e.kind == "directory" else Text(shown(e.name))
         table.add_row(name, "" if e.kind == "directory" else human_size(e.size), e.node,
                       ", ".join(h for h in e.holders if h != e.node))
     console.print(table)

@@ -8,7 +8,7 @@ from rich.table import Table
 
 from ..api.results import human_size
 from ._cluster import cluster_option_help, open_cluster
-from ._common import console
+from ._common import console, shown
 
 
 @click.command("place")
@@ -40,4 +40,4 @@ def command(paths: tuple[str, ...], cluster: str | None, explain: bool, as_json:
                           f"{r.running}/{r.slots}", f"{r.remote_cost:g}")
         console.print(table)
     if placement.unlocated:
-        click.echo(f"gmount: no node holds: {', '.join(placement.unlocated)}", err=True)
+        click.echo(f"gmount: no node holds: {', '.join(shown(p) for p in placement.unlocated)}", err=True)

@@ -3,10 +3,11 @@ from __future__ import annotations
 import json
 
 import click
+from rich.markup import escape
 
 from ..api.results import StageError, StageReport, human_size
 from ._cluster import cluster_option_help, open_cluster
-from ._common import console, err_console
+from ._common import console, err_console, shown
 
 
 def _print(report: StageReport, as_json: bool) -> None:
@@ -18,7 +19,8 @@ def _print(report: StageReport, as_json: bool) -> None:
         }, indent=2))
         return
     for f in report.files:
-        console.print(f"{f.path}: [green]{f.status}[/] from {f.source} ({human_size(f.size)}, {f.seconds:.2f}s)")
+        console.print(f"{escape(shown(f.path))}: [green]{f.status}[/] from {f.source} ({human_size(f.size)}, "
+                      f"{f.seconds:.2f}s)")
     copied = [f for f in report.files if f.status == "copied"]
     console.print(f"{len(copied)} copied ({human_size(report.copied_bytes)}), "
                   f"{len(report.files) - len(copied)} already on {report.target}")
@@ -44,6 +46,7 @@ def command(paths: tuple[str, ...], target: str, cluster: str | None, jobs: int,
     except StageError as exc:
         _print(exc.report, as_json)
         for failure in exc.report.failures:
-            err_console.print(f"gmount: cannot stage {failure.path} to {target}: {failure.error}", highlight=False)
+            err_console.print(f"gmount: cannot stage {shown(failure.path)} to {target}: {failure.error}",
+                              highlight=False, markup=False)
         raise SystemExit(1) from None
     _print(report, as_json)

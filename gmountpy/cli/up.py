@@ -31,6 +31,11 @@ def command(cluster_file: str, keep_going: bool) -> None:
         if exc.running is None:
             err_console.print(f"cluster {spec.name} is not up: {len(exc.failures)} of {len(spec.nodes)} node(s) "
                               f"failed and nothing was left running", markup=False, soft_wrap=True)
+        elif exc.restarting:
+            err_console.print(f"cluster {spec.name} is not fully up: {', '.join(exc.failures)} failed to restart; "
+                              f"{', '.join(exc.running.nodes)} still run, as before. Run `gmount up {cluster_file}` "
+                              f"again to retry, or `gmount down {cluster_file}` to stop them all",
+                              markup=False, soft_wrap=True)
         else:
             err_console.print(f"cluster {spec.name} is up with {len(exc.running.nodes)} of {len(spec.nodes)} nodes "
                               f"(--keep-going); stop it with: gmount down {cluster_file}",

@@ -4,13 +4,14 @@ import json
 
 import click
 from rich.table import Table
+from rich.text import Text
 
 from ..cluster import state as state_store
 from ..cluster.state import ClusterState
 from ..errors import GmountError
 from ..protocol.client import ask, run_sync
 from ..protocol.messages import HolderRow, Where
-from ._common import console
+from ._common import console, print_whole, shown
 
 
 def _resolve(path: str, cluster_file: str | None, node: str | None) -> tuple[ClusterState, str, str]:
@@ -50,13 +51,14 @@ def command(paths: tuple[str, ...], cluster_file: str | None, node: str | None, 
     else:
         for path, holders in results.items():
             if not holders:
-                console.print(f"[red]{path}[/]: no node holds it")
+                console.print(Text(shown(path), style="red"), Text(": no node holds it"), sep="")
                 continue
-            table = Table(title=path, show_edge=False, title_justify="left")
+            # paths as `ls` shows them (a newline in a name cannot forge a row), never read as rich markup
+            table = Table(title=Text(shown(path)), show_edge=False, title_justify="left")
             for column in ("node", "site", "size", "rtt ms", "path on node"):
-                table.add_column(column)
+                table.add_column(column, overflow="fold")  # a path too wide for the terminal wraps, never cut
             for h in holders:
-                table.add_row(h["node"], h["site"], str(h["size"]), f"{h['rtt_ms']:g}", h["export_path"])
-            console.print(table)
+                table.add_row(h["node"], h["site"], str(h["size"]), f"{h['rtt_ms']:g}", Text(shown(h["export_path"])))
+            print_whole(table)
     if missing:
         raise SystemExit(1)

@@ -92,6 +92,10 @@ class Tuning:
                                          # name" to a lookup or a create (files copied straight into exports)
     index_split_entries: int = 8192      # a directory index partition holding more entries splits in two over
                                          # the nodes (Giga+); 0: never split
+    bypass: bool = True                  # jobs' preload library may use this node's files straight from the
+                                         # export (docs/bypass.md); false: every job goes through the mount
+    passthrough: bool = False            # kernel FUSE passthrough of local files, where the daemon may (root):
+                                         # reads of them then bypass the daemon and its byte counters too
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,8 @@ _INTEGER_TUNING_ZERO_OK = ("readahead_mib", "index_split_entries")  # 0: no read
 _LIMIT_TUNING = _INTEGER_TUNING + _INTEGER_TUNING_ZERO_OK
 # optional: absent from older state files
 _LOOKUP_TUNING = ("lookup", "central_node", "index_rescan", "index_verify_misses", "index_split_entries")
+_BOOLEAN_TUNING = ("index_verify_misses", "bypass", "passthrough")
+_BYPASS_TUNING = ("bypass", "passthrough")
 LOOKUP_MODES = ("flood", "index", "central")
 
 
@@ -217,7 +223,7 @@ class ClusterSpec:
         tuning_raw = _expect_table(data["tuning"], "tuning")
         # Limits may be absent from state files written before they existed: their defaults apply.
         _check_keys(tuning_raw, tuple(f.name for f in fields(Tuning)), "tuning")
-        optional = _LIMIT_TUNING + _LOOKUP_TUNING
+        optional = _LIMIT_TUNING + _LOOKUP_TUNING + _BYPASS_TUNING
         _check_keys({k: v for k, v in tuning_raw.items() if k not in optional},
                     tuple(f.name for f in fields(Tuning) if f.name not in optional), "tuning", required=True)
         source = data["source"]
@@ -379,7 +385,7 @@ def _parse_tuning(raw: dict[str, Any]) -> Tuning:
             if value not in LOOKUP_MODES:
                 raise SpecError(f"tuning.lookup: must be one of {', '.join(map(repr, LOOKUP_MODES))}, got {value!r}")
             values[key] = value
-        elif key == "index_verify_misses":
+        elif key in _BOOLEAN_TUNING:
             values[key] = _boolean(value, f"tuning.{key}")
         elif key == "central_node":
             if not isinstance(value, str):

@@ -21,6 +21,13 @@ The rule (docs/design.md, "Placement"), made precise:
 
 A job with no located input goes to the least loaded node (lowest
 running/slots, then most free slots, then cluster-file order).
+
+Workflow jobs (make recipes, Snakemake jobs) go through `place_job`: a
+pinned node wins, a job without located inputs stays on the node asked (the
+one make or Snakemake runs on), a node DAG-aware staging planned the job on wins
+when it is a candidate, anything else is `choose_node`'s. The node
+daemon answers make and the Snakemake executor with it, and `gmount plan`
+predicts a run with it.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ if TYPE_CHECKING:
     #: holdings[input][node] = bytes of `input` that `node` holds
     Holdings = Mapping[str, Mapping[str, int]]
 
-__all__ = ["Decision", "choose_node"]
+__all__ = ["Decision", "JobPlacement", "choose_node", "input_bytes", "place_job"]
 
 
 class Decision:
@@ -133,3 +140,70 @@ def _remote_cost(node: str, located: Holdings, rtt: Callable[[str, str], float])
             size = max(held.values())
             cost += size * min(rtt(node, holder) for holder in held)
     return cost
+
+
+class JobPlacement:
+    """Where a workflow job goes (`place_job`), and the input bytes it then reads locally and remotely."""
+
+    __slots__ = ("bytes_local", "bytes_remote", "node", "reason")
+
+    node: str
+    reason: str
+    bytes_local: int    # input bytes the node holds
+    bytes_remote: int   # input bytes it reads from other nodes
+
+    def __init__(self, node: str, reason: str, bytes_local: int, bytes_remote: int) -> None:
+        for name, value in (("node", node), ("reason", reason), ("bytes_local", bytes_local),
+                            ("bytes_remote", bytes_remote)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"JobPlacement is immutable: cannot assign to field {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in self.__slots__)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (f"JobPlacement(node={self.node!r}, reason={self.reason!r}, bytes_local={self.bytes_local}, "
+                f"bytes_remote={self.bytes_remote})")
+
+
+def place_job(holdings: Holdings, nodes: Sequence[str], *, asked: str, slots: Mapping[str, int],
+              rtt: Callable[[str, str], float], pin: str = "", planned: str = "") -> JobPlacement:
+    """The node for a workflow job with inputs held as `holdings` says, asked from node `asked`.
+
+    `pin` (a node the job names) wins; a job with no located input stays on `asked`; then
+    `planned` (the node DAG-aware staging planned the job on, `gmountpy.jobs.prestage`) if it is a
+    candidate under the rule (at least half the best node's bytes: its staged replicas count for
+    it); otherwise `choose_node` decides, with no jobs counted as running (the asking workflow
+    engine keeps its own job limit).
+    """
+    if pin:
+        if pin not in nodes:
+            raise ValueError(f"the job is pinned to {pin!r}, which is not a node (nodes: {', '.join(nodes)})")
+        node, reason = pin, "pinned by the job"
+    elif not any(holdings.values()):
+        if asked not in nodes:
+            raise ValueError(f"`asked` is {asked!r}, which is not a node")
+        node, reason = asked, f"no located inputs: the node asked ({asked})"
+    else:
+        decision = choose_node(holdings, nodes, slots=slots, running={}, rtt=rtt)
+        node, reason = decision.node, decision.reason
+        if planned and planned != node and planned in decision.candidates:
+            node = planned
+            reason = (f"planned by DAG-aware staging: holds {decision.scores[planned]} of the input bytes, "
+                      f"a candidate (the rule alone: {decision.node})")
+    local, remote = input_bytes(holdings, node)
+    return JobPlacement(node, reason, local, remote)
+
+
+def input_bytes(holdings: Holdings, node: str) -> tuple[int, int]:
+    """(input bytes `node` holds, input bytes it must read from other nodes: each input's largest copy)."""
+    located = [held for held in holdings.values() if held]
+    local = sum(held[node] for held in located if node in held)
+    remote = sum(max(held.values()) for held in located if node not in held)
+    return local, remote

@@ -11,6 +11,11 @@ polls them and must be able to stop every one of them on Ctrl-C. So
   side runs the command under `setsid` and watches its stdin: when the
   local end goes away (stopped, killed, or the connection drops) the remote
   process group is sent SIGTERM, then SIGKILL, so nothing is left behind.
+
+Why OpenSSH's client here and asyncssh in the launcher ("SSH: two clients" in
+docs/design.md): a job must be a process its executor owns, with its output
+written by the kernel to the executor's files, and make starts one per recipe.
+`ssh_argv` reads the cluster file's `[ssh]` table as the launcher does.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from ..cluster.config import NodeSpec, SshOptions
+from ..errors import GmountError
 
 __all__ = ["Spawned", "local_argv", "ssh_argv"]
 
@@ -72,10 +78,11 @@ def local_argv(command: str) -> list[str]:
     return ["/bin/sh", "-c", command]
 
 
-def remote_script(command: str, cwd: str, env: Mapping[str, str]) -> str:
-    """The shell text run on the node: the command in its own session, stopped when stdin ends."""
+def remote_script(command: str, cwd: str, env: Mapping[str, str], prelude: str = "") -> str:
+    """The shell text run on the node: the command in its own session, stopped when stdin ends.
+    `prelude` (shell text ending in `; `) runs first in the job's shell (bypass.remote_prelude)."""
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    job = f"cd {shlex.quote(cwd)} && {exports} exec /bin/sh -c {shlex.quote(command)}"
+    job = f"cd {shlex.quote(cwd)} && {prelude}{exports} exec /bin/sh -c {shlex.quote(command)}"
     # A background job's stdin is /dev/null unless redirected, so the watcher reads fd 3, a copy of
     # the real stdin; `kill -SIG -PID` (no `--`: dash refuses it) signals the job's whole session.
     return (f"exec 3<&0; setsid /bin/sh -c {shlex.quote(job)} </dev/null 3<&- & pid=$!; "
@@ -84,7 +91,8 @@ def remote_script(command: str, cwd: str, env: Mapping[str, str]) -> str:
             "wait $pid; status=$?; kill $watcher 2>/dev/null; exit $status")
 
 
-def ssh_argv(node: NodeSpec, options: SshOptions, command: str, cwd: str, env: Mapping[str, str]) -> list[str]:
+def ssh_argv(node: NodeSpec, options: SshOptions, command: str, cwd: str, env: Mapping[str, str],
+             prelude: str = "") -> list[str]:
     """OpenSSH client arguments reaching `node` as the launcher does (same keys, known_hosts, config)."""
     if node.host is None:
         raise ValueError(f"node {node.name!r} has no host to reach over SSH")
@@ -92,6 +100,9 @@ def ssh_argv(node: NodeSpec, options: SshOptions, command: str, cwd: str, env: M
             "-o", "ServerAliveInterval=30"]
     if options.config is None:
         argv += ["-F", "/dev/null"]
+    elif len(options.config) > 1:  # asyncssh reads them all; one silently dropped here would differ
+        raise GmountError(f"[ssh] config lists {len(options.config)} files, but jobs on SSH nodes start with "
+                          f"OpenSSH's ssh, which reads one: name one file, with Include lines for the others")
     elif options.config:
         argv += ["-F", options.config[0]]
     if node.ssh_port != 22:
@@ -102,7 +113,7 @@ def ssh_argv(node: NodeSpec, options: SshOptions, command: str, cwd: str, env: M
         argv += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
     elif options.known_hosts is not None:
         argv += ["-o", f"UserKnownHostsFile={options.known_hosts}"]
-    script = remote_script(command, cwd, env)
+    script = remote_script(command, cwd, env, prelude)
     return [*argv, "--", node.host, f"exec /bin/sh -c {shlex.quote(script)}"]
 
 

@@ -59,7 +59,7 @@ def up(spec: ClusterSpec, *, progress: Progress | None = None, keep_going: bool 
     credentials = None
     if spec.tls:
         ca = ClusterCA.create(spec.name)
-        credentials = {node: ca.issue(node) for node in spec.nodes}
+        credentials = {node: ca.issue(node, secret=secret) for node in spec.nodes}
         state_store.save_tls(spec.name, ca.cert, {n: c.to_dict() for n, c in credentials.items()}, ca_key=ca.key)
     if spec.launcher == "ssh":
         from .ssh import start_ssh_cluster  # asyncssh is only imported when it is used
@@ -107,7 +107,7 @@ def _renew_certificates(existing: ClusterState, progress: Progress | None = None
     if not due or expiring(ca_pem) or ca_key is None:
         return False
     ca = ClusterCA(ca_pem, ca_key)
-    renewed = {node: ca.issue(node) for node in due}
+    renewed = {node: ca.issue(node, secret=state_store.load_secret(name)) for node in due}
     state_store.save_tls(name, ca_pem, {**stored, **{n: c.to_dict() for n, c in renewed.items()}}, ca_key=ca_key)
     answers: dict[str, str | None] = {}
 
@@ -150,20 +150,28 @@ def _restart_crashed_nodes(existing: ClusterState, spec: ClusterSpec,
     if {**existing.spec.to_dict(), "source": None} != {**spec.to_dict(), "source": None}:
         raise GmountError(f"cluster {spec.name!r} runs with a different cluster file; "
                           "run `gmount down` first to start it with this one")
+    # The dead nodes' stale mounts are cleared; their directories stay sealed (unwritable) until
+    # the new daemons mount over them, so nothing is written into the disk under a mountpoint.
     stop_local(ClusterState(existing.spec, {n: r for n, r in existing.nodes.items() if n in dead},
-                            existing.started))  # clears the dead nodes' stale mounts
+                            existing.started), unseal=False)
     secret = state_store.load_secret(spec.name)
     credentials = None
     if spec.tls:
         _, stored = state_store.load_tls(spec.name)
         credentials = {n: NodeCredentials(**c) for n, c in stored.items()}  # renewed above if expiring
     known = {n: [r.host, r.port] for n, r in alive.items()}
-    started = _run(start_cluster(spec, spawn_local, secret, progress=progress, credentials=credentials,
-                                 only=dead, known_peers=known))
+    try:
+        started = _run(start_cluster(spec, spawn_local, secret, progress=progress, credentials=credentials,
+                                     only=dead, known_peers=known))
+    except LaunchError as exc:
+        # The nodes that were running still run, as recorded: say so (and keep them recorded,
+        # with the failed ones, so `gmount up` retries and `gmount down` stops them all).
+        raise LaunchError(exc.failures, running=ClusterState(spec, dict(alive), existing.started),
+                          restarting=True) from None
     records = {n: started.nodes[n] if n in started.nodes else alive[n] for n in spec.nodes}
     state = ClusterState(spec, records, existing.started)
     state_store.save(state, secret)
-    table: dict[str, list[Any]] = {n: [r.host, r.port] for n, r in records.items()}
+    table = {n: (r.host, r.port) for n, r in records.items()}
 
     async def tell_everyone() -> None:
         async with open_nursery() as nursery:
@@ -189,13 +197,13 @@ def _clear_previous(existing: ClusterState) -> None:
             node, why = next(iter(unknown.items()))
             raise GmountError(f"cluster {name!r} may still be up on {', '.join(unknown)} ({node}: {why}): "
                               f"run `gmount down` once they are reachable, or `gmount down --forget`")
-        _run(stop_ssh_cluster(existing))  # a crashed cluster: clear stale mounts before reusing them
+        _run(stop_ssh_cluster(existing, unseal=False))  # a crashed cluster: clear stale mounts before reusing them
     else:
         alive = [n for n, r in existing.nodes.items() if pid_is_daemon(r.pid)]
         if alive:
             raise GmountError(f"cluster {name!r} is already up (nodes {', '.join(alive)}): "
                               f"run `gmount down` first")
-        stop_local(existing)  # a crashed cluster: clear stale mounts before reusing them
+        stop_local(existing, unseal=False)  # a crashed cluster: clear stale mounts before reusing them
     state_store.remove(name)
 
 
@@ -206,13 +214,16 @@ def down(name: str, *, progress: Progress | None = None, forget: bool = False) -
     recorded so that running `down` again finishes the job; `forget` drops
     them from the record anyway.
     """
+    from .dask import down as dask_down  # its workers run in the mounts: stop them first
+
+    dask_problems = {node: f"Dask: {what}" for node, what in dask_down(name).items()}
     state = state_store.load(name)
     if state is None:
-        return {}
+        return dask_problems
     if state.spec.launcher != "ssh":
         problems = stop_local(state)
         state_store.remove(name)
-        return problems
+        return {**dask_problems, **problems}
     from .ssh import stop_ssh_cluster
 
     problems, unreachable = _run(stop_ssh_cluster(state, progress=progress))
@@ -223,7 +234,7 @@ def down(name: str, *, progress: Progress | None = None, forget: bool = False) -
             problems[node] += "; still recorded: run `gmount down` again when it is reachable (or --forget)"
     else:
         state_store.remove(name)
-    return problems
+    return {**dask_problems, **problems}
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import time
 from ..cluster.config import NodeSpec
 from ..cluster.state import ClusterState, NodeRecord
 from ..errors import GmountError
+from ..node.directories import unseal_mountpoint
 from .orchestrate import pid_is_daemon
 
 
@@ -106,8 +107,13 @@ def terminate_pid(pid: int, timeout: float) -> bool:
     return True
 
 
-def stop_local(state: ClusterState, timeout: float = 15.0) -> dict[str, str]:
+def stop_local(state: ClusterState, timeout: float = 15.0, *, unseal: bool = True) -> dict[str, str]:
     """SIGTERM every daemon, wait, then make sure nothing stays mounted.
+
+    A daemon that stops unmounts and unseals its mountpoint itself; the dead mount of one
+    that died is unmounted here, and with `unseal` its directory made writable again --
+    not when the node is about to be restarted: until its new daemon mounts, the bare
+    directory must take no files (node.directories).
 
     Returns node -> problem for nodes that needed force; exports are never touched.
     """
@@ -136,6 +142,9 @@ def stop_local(state: ClusterState, timeout: float = 15.0) -> dict[str, str]:
             result = subprocess.run(["fusermount3", "-u", "-z", record.mountpoint], capture_output=True, text=True)
             if result.returncode != 0:
                 problems[name] = f"could not unmount {record.mountpoint}: {result.stderr.strip()}"
+                continue
+        if unseal and not _is_mounted(record.mountpoint):
+            unseal_mountpoint(record.mountpoint)
     return problems
 
 

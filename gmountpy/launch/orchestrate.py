@@ -45,18 +45,26 @@ class LaunchError(GmountError):
     """Some nodes failed to start; `failures` maps node -> one line saying what and what to do.
 
     `running` is None when nothing was left running (the default); with
-    keep_going it is the cluster formed by the nodes that did come up.
+    keep_going it is the cluster formed by the nodes that did come up; when
+    `restarting` crashed nodes, it is the nodes that were running before and
+    still run.
     """
 
-    def __init__(self, failures: dict[str, str], running: ClusterState | None = None) -> None:
+    def __init__(self, failures: dict[str, str], running: ClusterState | None = None, *,
+                 restarting: bool = False) -> None:
         self.failures = failures
         self.running = running
+        self.restarting = restarting
         lines = "\n".join(f"  {node}: {why}" for node, why in failures.items())
         tail = ""
-        if running is not None:
+        if running is not None and restarting:
+            tail = (f"\nstill running, as before: {', '.join(running.nodes)} "
+                    f"(`gmount up` again retries {', '.join(failures)}; `gmount down` stops them all)")
+        elif running is not None:
             tail = (f"\nthe other {len(running.nodes)} node(s) are up (--keep-going): "
                     f"{', '.join(running.nodes)}")
-        super().__init__(f"{len(failures)} node(s) failed to start:\n{lines}{tail}")
+        what = "restart" if restarting else "start"
+        super().__init__(f"{len(failures)} node(s) failed to {what}:\n{lines}{tail}")
 
 
 @dataclass

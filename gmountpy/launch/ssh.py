@@ -45,7 +45,9 @@ from ..cluster.config import ClusterSpec, NodeSpec, SshOptions
 from ..cluster.state import ClusterState
 from ..errors import GmountError
 from ..protocol.tls import NodeCredentials
+from . import remote
 from .orchestrate import LaunchError, Progress, start_cluster
+from .remote import preflight, rtt
 
 __all__ = [
     "NodeCheck", "SiteRtt", "SshDaemonProcess", "SshPool", "inspect_ssh_cluster", "measure_site_rtts",
@@ -423,121 +425,7 @@ class SshDaemonProcess:
         self._process.close()
 
 
-# --- the preflight check (runs on the node, any Python 3) -----------------------------
-
-_PREFLIGHT = r'''
-import errno, json, os, socket, sys
-P = json.loads(@PARAMS@)
-R = {"python": "%d.%d.%d" % tuple(sys.version_info[:3]), "executable": sys.executable, "nodes": {}}
-# Locate gmountpy and its dependencies without importing them (networkx alone takes a while).
-try:
-    import importlib.util
-    found = importlib.util.find_spec("gmountpy")
-    if found is None or not found.origin:
-        R["import_error"] = "ModuleNotFoundError: No module named 'gmountpy'"
-    else:
-        scope = {}
-        with open(os.path.join(os.path.dirname(found.origin), "_version.py")) as f:
-            exec(f.read(), scope)
-        R["version"] = scope.get("__version__", "unknown")
-        missing = [m for m in P["requires"] if importlib.util.find_spec(m) is None]
-        if missing:
-            R["import_error"] = "gmountpy is there but not %s" % ", ".join(missing)
-except Exception as e:
-    R["import_error"] = "%s: %s" % (type(e).__name__, e)
-
-def fuse_problem():
-    if not os.path.exists("/dev/fuse"):
-        return "/dev/fuse does not exist (FUSE module not loaded, or a container without the device)"
-    try:
-        os.close(os.open("/dev/fuse", os.O_RDWR))
-    except OSError as e:
-        return "/dev/fuse cannot be opened by this user (%s)" % e.strerror
-    dirs = os.environ.get("PATH", "").split(os.pathsep) + ["/usr/bin", "/bin", "/usr/local/bin"]
-    for d in dirs:
-        if d and os.access(os.path.join(d, "fusermount3"), os.X_OK):
-            return None
-    return "fusermount3 is not installed (Debian/Ubuntu package fuse3)"
-R["fuse"] = fuse_problem()
-
-def unescape(field):
-    return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
-try:
-    with open("/proc/self/mounts") as f:
-        MOUNTED = set(unescape(line.split(" ")[1]) for line in f if line.count(" ") >= 2)
-except OSError:
-    MOUNTED = set()
-
-def creatable(path):
-    parent = path
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        return "%s is not a directory" % parent
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return "%s is not writable by this user" % parent
-    return None
-
-def check_export(path, create):
-    if os.path.exists(path):
-        if not os.path.isdir(path):
-            return "export %s is not a directory" % path
-        if not os.access(path, os.R_OK | os.X_OK):
-            return "export %s is not readable by this user" % path
-        return None
-    if not create:
-        return ("export %s does not exist: create it, fix `export` in the cluster file, "
-                "or set create_export = true to have it made" % path)
-    why = creatable(path)
-    return why and "export %s does not exist and cannot be created (%s)" % (path, why)
-
-def check_mountpoint(path):
-    if path in MOUNTED:
-        return ("mountpoint %s is already mounted: run `gmount down` for the cluster using it, "
-                "or `fusermount3 -u %s`" % (path, path))
-    try:
-        entries = os.listdir(path)
-    except OSError as e:
-        if e.errno == errno.ENOENT:
-            why = creatable(path)
-            return why and "mountpoint %s does not exist and cannot be created (%s)" % (path, why)
-        if e.errno == errno.ENOTCONN:
-            return "mountpoint %s is a stale mount: run `fusermount3 -u -z %s`" % (path, path)
-        if e.errno == errno.ENOTDIR:
-            return "mountpoint %s is not a directory" % path
-        return "mountpoint %s is not usable (%s)" % (path, e.strerror)
-    if entries:
-        return "mountpoint %s is not empty: choose an empty directory" % path
-    if not os.access(path, os.W_OK | os.X_OK):
-        return "mountpoint %s is not writable by this user (FUSE needs that to mount on it)" % path
-    return None
-
-def check_listen(host, port):
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    s = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((host, port))
-        s.listen(1)
-    except OSError as e:
-        if e.errno == errno.EADDRINUSE:
-            return ("port %d on %s is in use by another program: choose another port, "
-                    "or port = 0 for any free one" % (port, host))
-        if e.errno == errno.EADDRNOTAVAIL:
-            return "listen address %s is not an address of this host: fix listen" % host
-        if e.errno == errno.EACCES:
-            return "port %d needs privileges this user lacks: choose a port above 1023" % port
-        return "cannot listen on %s:%d (%s)" % (host, port, e.strerror)
-    finally:
-        s.close()
-    return None
-
-for n in P["nodes"]:
-    problems = [p for p in (check_export(n["export"], n["create_export"]), check_mountpoint(n["mountpoint"]),
-                            check_listen(n["listen"], n["port"])) if p]
-    R["nodes"][n["name"]] = problems
-sys.stdout.write("GMOUNT PREFLIGHT " + json.dumps(R) + "\n")
-'''
+# --- the preflight check (remote/preflight.py, run on the node) -------------------------------
 
 
 async def _preflight_python(link: _Link, python: str, nodes: Sequence[NodeSpec]) -> dict[str, str | None]:
@@ -546,16 +434,16 @@ async def _preflight_python(link: _Link, python: str, nodes: Sequence[NodeSpec])
               "nodes": [{"name": n.name, "export": n.export, "create_export": n.create_export,
                          "mountpoint": n.mountpoint,
                          "listen": n.listen, "port": n.port} for n in nodes]}
-    script = _PREFLIGHT.replace("@PARAMS@", repr(json.dumps(params)))
     where = link.dest.label
-    result = await link.run(f"{_shell_word(python)} -", script, timeout=30.0)
+    result = await link.run(f"{_shell_word(python)} - {shlex.quote(json.dumps(params))}", remote.text("preflight.py"),
+                            timeout=30.0)
     stdout = str(result.stdout or "")
     stderr_lines = str(result.stderr or "").strip().splitlines()
     last_err = stderr_lines[-1] if stderr_lines else ""
     report: dict[str, Any] | None = None
     for line in stdout.splitlines():
-        if line.startswith("GMOUNT PREFLIGHT "):
-            report = json.loads(line[len("GMOUNT PREFLIGHT "):])
+        if line.startswith(preflight.MARKER):
+            report = json.loads(line[len(preflight.MARKER):])
     if report is None:
         if result.exit_status == 127:
             common = (f"python {python!r} not found on {where}: install Python 3.11+ with gmountpy there, "
@@ -584,60 +472,25 @@ async def _preflight_python(link: _Link, python: str, nodes: Sequence[NodeSpec])
     return answer
 
 
-# --- stopping and inspecting (POSIX sh on the node, no Python needed) ------------------
+# --- stopping and inspecting (remote/daemons.sh: POSIX sh on the node, no Python needed) ----
 
-_SH_FUNCTIONS = r'''
-ours() { [ -O "/proc/$1" ] && tr '\0' '\n' < "/proc/$1/cmdline" 2>/dev/null | grep -qx 'gmountpy.node'; }
-is_mounted() {
-  awk 'BEGIN { m = ARGV[1]; ARGV[1] = "" } $2 == m { found = 1 } END { exit !found }' "$1" /proc/self/mounts
-}
-term() {
-  for np in "$@"; do ours "${np#*:}" && kill -TERM "${np#*:}" 2>/dev/null && echo "GMOUNT TERM $np"; done
-  return 0
-}
-settle() {
-  n=$1; shift
-  left=""
-  while :; do
-    left=""
-    for np in "$@"; do if ours "${np#*:}"; then left="$left $np"; fi; done
-    [ -z "$left" ] && return 0
-    [ "$n" -le 0 ] && break
-    n=$((n - 1))
-    sleep 0.1 2>/dev/null || sleep 1
-    set -- $left
-  done
-  for np in $left; do kill -KILL "${np#*:}" 2>/dev/null; echo "GMOUNT KILLED $np"; done
-  sleep 0.2 2>/dev/null || sleep 1
-}
-unmount() {
-  if is_mounted "$3"; then
-    if out=$(fusermount3 -u -z "$2" 2>&1); then echo "GMOUNT UNMOUNTED $1"
-    else echo "GMOUNT UNMOUNT-FAILED $1 $(echo "$out" | tr '\n' ' ')"; fi
-  fi
-}
-check() {
-  a=0; m=0
-  if [ "$2" -gt 0 ] && ours "$2"; then a=1; fi
-  if is_mounted "$3"; then m=1; fi
-  echo "GMOUNT CHECK $1 $a $m"
-}
-'''
-
-
-def _stop_script(entries: Sequence[tuple[NodeSpec, Sequence[int]]], timeout: float) -> str:
+def _stop_script(entries: Sequence[tuple[NodeSpec, Sequence[int]]], timeout: float, unseal: bool = False) -> str:
+    """Stop the daemons, unmount what stays mounted; with `unseal`, make the mountpoints writable
+    again (a daemon that stops unseals its own; one that died cannot)."""
     pairs = " ".join(f"{node.name}:{pid}" for node, pids in entries for pid in pids if pid > 0)
-    lines = [_SH_FUNCTIONS, f"term {pairs}", f"settle {max(1, int(timeout * 10))} {pairs}"]
+    lines = [remote.text("daemons.sh"), f"term {pairs}", f"settle {max(1, int(timeout * 10))} {pairs}"]
     for node, _ in entries:
-        lines.append(f"unmount {node.name} {shlex.quote(node.mountpoint)} "
-                     f"{shlex.quote(_mounts_escape(node.mountpoint))}")
+        mountpoint, escaped = shlex.quote(node.mountpoint), shlex.quote(_mounts_escape(node.mountpoint))
+        lines.append(f"unmount {node.name} {mountpoint} {escaped}")
+        if unseal:
+            lines.append(f"unseal {mountpoint} {escaped}")
     return "\n".join(lines) + "\n"
 
 
 async def _stop_on_link(link: _Link, entries: Sequence[tuple[NodeSpec, Sequence[int]]],
-                        timeout: float) -> dict[str, str | None]:
+                        timeout: float, unseal: bool = False) -> dict[str, str | None]:
     """Stop daemons on one host; node -> problem (None when it is stopped and unmounted)."""
-    result = await link.run("sh", _stop_script(entries, timeout), timeout=timeout + 30.0)
+    result = await link.run("sh", _stop_script(entries, timeout, unseal), timeout=timeout + 30.0)
     answer: dict[str, str | None] = {node.name: None for node, _ in entries}
     for line in str(result.stdout or "").splitlines():
         parts = line.split(" ", 3)
@@ -655,8 +508,11 @@ async def _stop_on_link(link: _Link, entries: Sequence[tuple[NodeSpec, Sequence[
 
 
 async def stop_ssh_cluster(state: ClusterState, *, progress: Progress | None = None,
-                           timeout: float = 15.0) -> tuple[dict[str, str], set[str]]:
+                           timeout: float = 15.0, unseal: bool = True) -> tuple[dict[str, str], set[str]]:
     """Stop every daemon of a cluster over SSH and unmount; never touches exports.
+
+    `unseal` makes a dead daemon's mountpoint writable again: not when the cluster is about to
+    start again (its directory stays unwritable until the new daemon mounts, node.directories).
 
     Returns (node -> problem, unreachable nodes). Safe to run twice: a daemon
     that is gone and a mountpoint that is not mounted are simply skipped.
@@ -682,7 +538,7 @@ async def stop_ssh_cluster(state: ClusterState, *, progress: Progress | None = N
                 return
             entries = [(node, [state.nodes[node.name].pid]) for node in link.nodes]
             try:
-                answers = await _stop_on_link(link, entries, timeout)
+                answers = await _stop_on_link(link, entries, timeout, unseal)
             except GmountError as exc:
                 answers = {node.name: str(exc) for node in link.nodes}
                 unreachable.update(answers)
@@ -715,7 +571,7 @@ async def inspect_ssh_cluster(state: ClusterState, nodes: Iterable[str] | None =
             if not await pool.connect(link):
                 answer.update({node.name: link.problem or "unreachable" for node in link.nodes})
                 return
-            script = _SH_FUNCTIONS + "".join(
+            script = remote.text("daemons.sh") + "".join(
                 f"check {node.name} {state.nodes[node.name].pid} "
                 f"{shlex.quote(_mounts_escape(node.mountpoint))}\n" for node in link.nodes)
             try:
@@ -752,26 +608,6 @@ async def start_ssh_cluster(spec: ClusterSpec, secret: bytes, *, progress: Progr
 
 
 # --- probing RTTs between sites before launch ----------------------------------------------
-
-_RTT_SCRIPT = r'''
-import json, socket, sys, time
-host, port, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-times, error = [], None
-for i in range(count + 1):
-    start = time.perf_counter()
-    try:
-        s = socket.create_connection((host, port), timeout=5)
-    except OSError as e:
-        error = "%s:%d: %s" % (host, port, e)
-        break
-    elapsed = time.perf_counter() - start
-    s.close()
-    if i:
-        times.append(elapsed * 1000.0)
-    time.sleep(0.05)  # let the target's sshd deal with the last connection, off the clock
-sys.stdout.write("GMOUNT RTT " + json.dumps({"ms": times, "error": error}) + "\n")
-'''
-
 
 @dataclass(frozen=True)
 class SiteRtt:
@@ -818,12 +654,12 @@ async def measure_site_rtts(spec: ClusterSpec, count: int = 7,
             command = (f"{_shell_word(spec.node(src).python)} - {shlex.quote(target.peer_ip)} "
                        f"{target.dest.port} {count}")
             try:
-                result = await link.run(command, _RTT_SCRIPT, timeout=30.0 + 5 * count)
+                result = await link.run(command, remote.text("rtt.py"), timeout=30.0 + 5 * count)
             except GmountError as exc:
                 return SiteRtt((a, b), (src, dst), problem=str(exc))
             for line in str(result.stdout or "").splitlines():
-                if line.startswith("GMOUNT RTT "):
-                    data = json.loads(line[len("GMOUNT RTT "):])
+                if line.startswith(rtt.MARKER):
+                    data = json.loads(line[len(rtt.MARKER):])
                     if data["error"]:
                         return SiteRtt((a, b), (src, dst), problem=f"from {src}: cannot connect to "
                                        f"{dst} at {data['error']}")

@@ -37,18 +37,23 @@ import trio
 from .._trio import open_nursery
 from .._version import __version__
 from ..cluster.config import ClusterSpec, NodeSpec
+from ..cluster.jobsocket import socket_path as jobs_socket_path
 from ..cluster.overlay import Overlay
 from ..errors import GmountError
 from ..protocol import rpc
 from ..protocol.tls import NodeCredentials, certificate_problem, client_context, server_context
 from . import readahead
+from .bypass import BypassServer
+from .bypass import socket_path as bypass_socket_path
 from .control import NodeControl
-from .directories import directory_problems
+from .directories import MountpointSeal, directory_problems
 from .export import Export
 from .fuse import GmountOperations
 from .index import DirectoryIndex, ExportWatcher, Homes, IndexLocator
+from .jobs import JobPlacer, serve_jobs
 from .locator import FloodLocator, Locator
 from .namespace import Namespace
+from .passthrough import Passthrough
 from .peers import PeerAddress, PeerPool
 from .replicas import ReplicaTable
 from .service import NodeService
@@ -175,9 +180,9 @@ class NodeDaemon:
         _raise_file_limit(tuning.handles_per_node + 1024)  # the mount's own files and sockets besides
         async with open_nursery() as nursery:
             server_tls = client_tls = None
-            if self.credentials is not None:
+            if self.credentials is not None:  # mutual TLS: the node's certificate serves and connects
                 server_tls = server_context(self.credentials)
-                client_tls = client_context(self.credentials.ca)
+                client_tls = client_context(self.credentials.ca, self.credentials)
             pool = PeerPool(self.me, service, self.secret, nursery, rpc_timeout=tuning.rpc_timeout,
                             connect_timeout=tuning.connect_timeout, ssl_context=client_tls)
             pool.set_peers(peers)
@@ -194,11 +199,15 @@ class NodeDaemon:
                 nursery.start_soon(_flush_owed_forever, locator)
             control = NodeControl(self.me, self.spec, self.overlay, service=service, pool=pool, locator=locator,
                                   index=index, namespace=namespace, limits=request_limits, server_tls=server_tls,
-                                  credentials=self.credentials)
+                                  client_tls=client_tls, credentials=self.credentials)
             service.add_operations(control.operations())
             service.on_created = namespace.created_by_put
             ops = GmountOperations(namespace, tuning.attr_ttl, tuning.negative_ttl, service.counters)
             control.mount = ops
+            if tuning.passthrough:
+                ops.passthrough = Passthrough.arm()
+            if tuning.bypass:
+                control.bypass = await self._serve_bypass(nursery, namespace, service, ops)
 
             listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
 
@@ -207,13 +216,22 @@ class NodeDaemon:
                                             ssl_context=server_tls, limits=request_limits)
 
             nursery.start_soon(trio.serve_listeners, handler, [listener])
+            mountpoint = os.path.realpath(self.node.mountpoint)  # as the kernel will name it (not mounted yet)
+            placer = JobPlacer(self.me, self.spec, self.overlay, namespace, mountpoint)
+            await nursery.start(serve_jobs, placer, jobs_socket_path(mountpoint))
 
             options = set(pyfuse3.default_options)
             options.add(f"fsname=gmount-{self.spec.name}-{self.me}")
             options.add("subtype=gmount")
             if self.spec.allow_other:
                 options.add("allow_other")  # with default_permissions: the kernel checks modes
-            pyfuse3.init(ops, self.node.mountpoint, options)
+            seal = MountpointSeal(self.node.mountpoint)  # the directory under the mount, unwritable while mounted
+            try:
+                pyfuse3.init(ops, self.node.mountpoint, options)
+            except BaseException:
+                seal.close()
+                raise
+            seal.seal()
             try:
                 log.info("node %s mounted %s (export %s)", self.me, self.node.mountpoint, self.node.export)
                 _say(out, "READY", {"pid": os.getpid(), "mountpoint": self.node.mountpoint})
@@ -245,9 +263,24 @@ class NodeDaemon:
             finally:
                 with trio.CancelScope(shield=True):
                     pyfuse3.close(unmount=True)
+                    seal.unseal()
                     log.info("node %s unmounted %s", self.me, self.node.mountpoint)
                 nursery.cancel_scope.cancel()
             await pool.aclose()
+
+
+    async def _serve_bypass(self, nursery: trio.Nursery, namespace: Namespace, service: NodeService,
+                            ops: GmountOperations) -> BypassServer | None:
+        """Jobs' preload library asks this node which files it may use from the export (bypass.py)."""
+        try:
+            server = BypassServer(namespace, service, bypass_socket_path(self.spec.name, self.me),
+                                  any_user=self.spec.allow_other, on_changed=ops.changed_outside)
+            await nursery.start(server.serve)
+        except OSError as exc:
+            log.warning("node %s: the local bypass for jobs is off (they use the mount): %s", self.me, exc)
+            return None
+        ops.bypass_xattr = server.xattr_value
+        return server
 
 
 class _FuseReaderNudge:
@@ -376,7 +409,7 @@ def main() -> int:
         tls = config.get("tls")
         credentials = NodeCredentials(tls["ca"], tls["cert"], tls["key"]) if tls else None
         if credentials is not None:
-            problem = certificate_problem(credentials, me)
+            problem = certificate_problem(credentials, me, secret)
             if problem is not None:
                 raise GmountError(problem)
         daemon = NodeDaemon(spec, me, secret, credentials)

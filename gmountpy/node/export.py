@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -99,16 +100,40 @@ async def pwrite(fd: int, data: bytes, offset: int) -> int:
     if _nowait_writes:
         try:
             written = os.pwritev(fd, [data], offset, os.RWF_NOWAIT)
-            if written == len(data):
-                return written
-            offset, data = offset + written, data[written:]
-            return written + await off_loop(os.pwrite, fd, data, offset)
         except OSError as exc:
             if exc.errno == errno.EOPNOTSUPP:
                 _nowait_writes = False
             elif exc.errno != errno.EAGAIN:
                 raise
+        else:
+            if written == len(data):
+                return written
+            try:
+                return written + await off_loop(os.pwrite, fd, data[written:], offset + written)
+            except OSError:
+                if written:
+                    return written  # a short write (POSIX): the bytes that did land, not an error
+                raise
     return await off_loop(os.pwrite, fd, data, offset)
+
+
+#: The longest file name (in bytes) the file systems under an export take.
+NAME_MAX = 255
+
+
+def temporary_name(path: str, kind: str) -> str:
+    """A hidden name beside `path` for a file being written, `.NAME.gmount-KIND-XXXXXXXX`.
+
+    NAME is cut (at a character boundary) so the whole name fits NAME_MAX, so any name that
+    fits gets a temporary that fits too.
+    """
+    directory, slash, name = path.rpartition("/")
+    suffix = f".gmount-{kind}-{uuid.uuid4().hex[:8]}"
+    room = NAME_MAX - 1 - len(suffix)
+    raw = name.encode("utf-8", "surrogateescape")
+    if len(raw) > room:
+        name = raw[:room].decode("utf-8", "ignore")
+    return f"{directory}{slash}.{name}{suffix}"
 
 
 def open_special_safely(open_call: Callable[[int], int], flags: int) -> int:
@@ -156,6 +181,12 @@ class Export:
     def __init__(self, root: str) -> None:
         self.root = os.path.realpath(root)
         self._root_fd = os.open(self.root, _WALK_FLAGS & ~os.O_NOFOLLOW)
+        #: The device of the export's own file system: its files' `Attr.dev` is 0 (see Attr).
+        self.dev = os.fstat(self._root_fd).st_dev
+
+    def attr(self, st: os.stat_result) -> Attr:
+        """The attributes of a stat of one of this export's files (or of an open descriptor of one)."""
+        return Attr.from_stat(st, self.dev)
 
     def close(self) -> None:
         os.close(self._root_fd)
@@ -163,12 +194,15 @@ class Export:
     # -- walking -----------------------------------------------------------
 
     @contextmanager
-    def _dir(self, parts: list[str], create: bool = False) -> Iterator[int]:
-        """A descriptor of the directory named by `parts`, walked without following symlinks."""
+    def _dir(self, parts: list[str], create: bool = False, made: list[str] | None = None) -> Iterator[int]:
+        """A descriptor of the directory named by `parts`, walked without following symlinks.
+
+        With `create`, missing directories are made; their paths are appended to `made`.
+        """
         fd = self._root_fd
         opened: list[int] = []
         try:
-            for part in parts:
+            for depth, part in enumerate(parts):
                 try:
                     fd = os.open(part, _WALK_FLAGS, dir_fd=fd)
                 except FileNotFoundError:
@@ -176,6 +210,8 @@ class Export:
                         raise
                     try:
                         os.mkdir(part, 0o755, dir_fd=fd)
+                        if made is not None:
+                            made.append("/" + "/".join(parts[:depth + 1]))
                     except FileExistsError:
                         pass
                     fd = os.open(part, _WALK_FLAGS, dir_fd=fd)
@@ -190,11 +226,11 @@ class Export:
                 os.close(each)
 
     @contextmanager
-    def _parent(self, path: str, create: bool = False) -> Iterator[tuple[int, str]]:
+    def _parent(self, path: str, create: bool = False, made: list[str] | None = None) -> Iterator[tuple[int, str]]:
         parts = split_path(path)
         if not parts:
             raise OSError(errno.EBUSY, "the export root cannot be changed this way")
-        with self._dir(parts[:-1], create) as fd:
+        with self._dir(parts[:-1], create, made) as fd:
             yield fd, parts[-1]
 
     def local_path(self, path: str) -> str:
@@ -207,9 +243,9 @@ class Export:
     def lstat(self, path: str) -> Attr:
         parts = split_path(path)
         if not parts:
-            return Attr.from_stat(os.stat(self._root_fd))
+            return self.attr(os.stat(self._root_fd))
         with self._dir(parts[:-1]) as fd:
-            return Attr.from_stat(os.stat(parts[-1], dir_fd=fd, follow_symlinks=False))
+            return self.attr(os.stat(parts[-1], dir_fd=fd, follow_symlinks=False))
 
     def listdir(self, path: str) -> list[tuple[str, Attr]]:
         """Entries of a directory with their attributes (one pass, for readdirplus)."""
@@ -220,7 +256,7 @@ class Export:
             with os.scandir(fd) as it:
                 for entry in it:
                     try:
-                        entries.append((entry.name, Attr.from_stat(entry.stat(follow_symlinks=False))))
+                        entries.append((entry.name, self.attr(entry.stat(follow_symlinks=False))))
                     except FileNotFoundError:  # removed while listing
                         continue
             return entries
@@ -244,9 +280,9 @@ class Export:
             return open_special_safely(
                 lambda how: os.open(name, how, dir_fd=fd), (flags & _OPEN_MASK) | os.O_NOFOLLOW | os.O_CLOEXEC)
 
-    def create(self, path: str, flags: int, mode: int, parents: bool = True) -> int:
-        """Create (or open) a file, making missing parent directories in this export."""
-        with self._parent(path, create=parents) as (fd, name):
+    def create(self, path: str, flags: int, mode: int, parents: bool = True, made: list[str] | None = None) -> int:
+        """Create (or open) a file, making missing parent directories in this export (listed in `made`)."""
+        with self._parent(path, create=parents, made=made) as (fd, name):
             return open_special_safely(
                 lambda how: os.open(name, how, mode, dir_fd=fd),
                 (flags & _OPEN_MASK) | os.O_CREAT | (flags & os.O_EXCL) | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -254,14 +290,33 @@ class Export:
     def mkdir(self, path: str, mode: int, parents: bool = True) -> Attr:
         with self._parent(path, create=parents) as (fd, name):
             os.mkdir(name, mode, dir_fd=fd)
-            return Attr.from_stat(os.stat(name, dir_fd=fd, follow_symlinks=False))
+            return self.attr(os.stat(name, dir_fd=fd, follow_symlinks=False))
+
+    def make_directory_like(self, path: str, mode: int, uid: int, gid: int) -> Attr:
+        """A copy of a directory another node has, with its exact mode (umask, sticky and set-gid
+        bits included) and, where this daemon may give it away, its owner: the kernel checks the
+        permissions of the union's directory against the copy a node shows. Its parent must exist;
+        a copy made meanwhile by another request is kept as it is."""
+        with self._parent(path) as (fd, name):
+            try:
+                os.mkdir(name, 0o700, dir_fd=fd)
+            except FileExistsError:
+                return self.attr(os.stat(name, dir_fd=fd, follow_symlinks=False))
+            current = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if (current.st_uid, current.st_gid) != (uid, gid):
+                try:
+                    os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
+                except PermissionError:
+                    pass  # a daemon that is not root keeps its own files: as its other creates
+            os.chmod(name, stat.S_IMODE(mode), dir_fd=fd, follow_symlinks=False)  # after chown, which clears set-gid
+            return self.attr(os.stat(name, dir_fd=fd, follow_symlinks=False))
 
     def symlink(self, target: str, path: str) -> Attr:
         if "\0" in target:
             raise OSError(errno.EINVAL, "symlink target contains a NUL byte")
         with self._parent(path, create=True) as (fd, name):
             os.symlink(target, name, dir_fd=fd)
-            return Attr.from_stat(os.stat(name, dir_fd=fd, follow_symlinks=False))
+            return self.attr(os.stat(name, dir_fd=fd, follow_symlinks=False))
 
     def mknod(self, path: str, mode: int, rdev: int) -> Attr:
         """A FIFO, socket or device node (as the export's file system allows for this user)."""
@@ -269,7 +324,7 @@ class Export:
             raise OSError(errno.EINVAL, f"mknod of {path}: unsupported file type {stat.S_IFMT(mode):o}")
         with self._parent(path, create=True) as (fd, name):
             os.mknod(name, mode, rdev, dir_fd=fd)
-            return Attr.from_stat(os.stat(name, dir_fd=fd, follow_symlinks=False))
+            return self.attr(os.stat(name, dir_fd=fd, follow_symlinks=False))
 
     def link(self, src: str, dst: str) -> Attr:
         """link(2) inside this export: a second name for the same file; the new name's attributes."""
@@ -277,13 +332,13 @@ class Export:
             os.stat(src_name, dir_fd=src_fd, follow_symlinks=False)  # fail before making dst's parents
             with self._parent(dst, create=True) as (dst_fd, dst_name):
                 os.link(src_name, dst_name, src_dir_fd=src_fd, dst_dir_fd=dst_fd, follow_symlinks=False)
-                return Attr.from_stat(os.stat(dst_name, dir_fd=dst_fd, follow_symlinks=False))
+                return self.attr(os.stat(dst_name, dir_fd=dst_fd, follow_symlinks=False))
 
     def chown(self, path: str, uid: int, gid: int) -> Attr:
         """lchown(2): -1 keeps that id; the export's file system decides who may (EPERM otherwise)."""
         with self._parent(path) as (fd, name):
             os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
-            return Attr.from_stat(os.stat(name, dir_fd=fd, follow_symlinks=False))
+            return self.attr(os.stat(name, dir_fd=fd, follow_symlinks=False))
 
     def unlink(self, path: str) -> None:
         with self._parent(path) as (fd, name):
@@ -311,19 +366,25 @@ class Export:
         finally:
             os.close(fd)
 
+    def sync_parents(self, path: str, made: list[str]) -> None:
+        """fsync `path`'s directory and the directory of each of `made` (directories made for it):
+        after a crash the file is there under its name, and so is every directory leading to it."""
+        for each in sorted({path, *made}, key=lambda p: -p.count("/")):
+            self.sync_parent(each)
+
     def chmod(self, path: str, mode: int) -> Attr:
         with self._parent(path) as (fd, name):
             try:
                 os.chmod(name, mode, dir_fd=fd, follow_symlinks=False)
             except (NotImplementedError, ValueError):
                 raise OSError(errno.EOPNOTSUPP, "cannot change the mode of a symlink") from None
-            return Attr.from_stat(os.stat(name, dir_fd=fd, follow_symlinks=False))
+            return self.attr(os.stat(name, dir_fd=fd, follow_symlinks=False))
 
     def truncate(self, path: str, size: int) -> Attr:
         fd = self.open(path, os.O_WRONLY)
         try:
             os.ftruncate(fd, size)
-            return Attr.from_stat(os.fstat(fd))
+            return self.attr(os.fstat(fd))
         finally:
             os.close(fd)
 
@@ -334,33 +395,43 @@ class Export:
             times = (current.st_atime_ns if atime_ns is None else atime_ns,
                      current.st_mtime_ns if mtime_ns is None else mtime_ns)
             os.utime(name, ns=times, dir_fd=fd, follow_symlinks=False)
-            return Attr.from_stat(os.stat(name, dir_fd=fd, follow_symlinks=False))
+            return self.attr(os.stat(name, dir_fd=fd, follow_symlinks=False))
 
     # -- extended attributes (user namespace of the holder's file) ----------
 
     @contextmanager
-    def _xattr_fd(self, path: str) -> Iterator[int]:
+    def _xattr_target(self, path: str) -> Iterator[tuple[int | str, bool]]:
+        """What the xattr calls act on: (descriptor of the file, True), or for a symlink --
+        which cannot be opened without following it -- (its path through this process's
+        descriptor of its walked directory, False): the l*xattr calls then act on the link
+        itself, as on any file system (`ls -l` asks for security.selinux on every symlink)."""
         parts = split_path(path)
         with self._dir(parts[:-1]) as parent:
             name = parts[-1] if parts else "."
-            fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise
+                yield f"/proc/self/fd/{parent}/{name}", False  # the symlink, never its target
+                return
         try:
-            yield fd
+            yield fd, True
         finally:
             os.close(fd)
 
     def getxattr(self, path: str, name: str) -> bytes:
-        with self._xattr_fd(path) as fd:
-            return os.getxattr(fd, name)
+        with self._xattr_target(path) as (target, follow):
+            return os.getxattr(target, name, follow_symlinks=follow)
 
     def setxattr(self, path: str, name: str, value: bytes) -> None:
-        with self._xattr_fd(path) as fd:
-            os.setxattr(fd, name, value)
+        with self._xattr_target(path) as (target, follow):
+            os.setxattr(target, name, value, follow_symlinks=follow)
 
     def listxattr(self, path: str) -> list[str]:
-        with self._xattr_fd(path) as fd:
-            return os.listxattr(fd)
+        with self._xattr_target(path) as (target, follow):
+            return os.listxattr(target, follow_symlinks=follow)
 
     def removexattr(self, path: str, name: str) -> None:
-        with self._xattr_fd(path) as fd:
-            os.removexattr(fd, name)
+        with self._xattr_target(path) as (target, follow):
+            os.removexattr(target, name, follow_symlinks=follow)

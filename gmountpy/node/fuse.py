@@ -24,6 +24,7 @@ from ..protocol.attr import Attr
 from .inodes import ROOT_INODE, InodeTable
 from .locator import AbsentForNow
 from .namespace import FileHandle, Namespace, join
+from .passthrough import Passthrough
 from .service import IOCounters
 
 log = logging.getLogger(__name__)
@@ -37,11 +38,62 @@ T = TypeVar("T")
 KERNEL_NOTIFY_WAIT = 0.5
 #: "not found" answers the kernel may still cache that this node tracks (to invalidate them on a create)
 MAX_NEGATIVES = 100_000
+#: Capabilities (linux/capability.h): bypass file permission checks; keep set-gid when writing.
+CAP_DAC_OVERRIDE = 1
+CAP_FSETID = 4
 
 
 def _version(attr: Attr) -> tuple[int, int, int]:
     """What tells one content of a file from another, as far as the kernel's caches go."""
     return attr.size, attr.mtime_ns, attr.ctime_ns
+
+
+def _caller(ctx: pyfuse3.RequestContext) -> tuple[list[int], int] | None:
+    """The supplementary groups and effective capabilities of the process behind a request (None:
+    it is gone), for the checks the kernel leaves to this daemon."""
+    try:
+        with open(f"/proc/{ctx.pid}/status") as f:
+            status = dict(line.split(":", 1) for line in f if ":" in line)
+        return [int(g) for g in status.get("Groups", "").split()], int(status.get("CapEff", "0").strip(), 16)
+    except (OSError, ValueError):
+        return None
+
+
+def _drops_setgid(attr: Attr, ctx: pyfuse3.RequestContext) -> bool:
+    """Whether a write or truncate by the caller clears the file's set-gid bit where the kernel's FUSE
+    code does not: set-gid without group-exec, and a caller outside the file's group and without
+    CAP_FSETID (ext4's rule; root is taken to have it). The kernel clears set-uid, and set-gid with
+    group-exec, itself."""
+    if (not attr.is_file or attr.mode & (stat.S_ISGID | stat.S_IXGRP) != stat.S_ISGID
+            or ctx.uid == 0 or ctx.gid == attr.gid):
+        return False
+    caller = _caller(ctx)
+    if caller is None:
+        return False  # the caller is gone: nothing to tell, keep the bit as the kernel's FUSE code does
+    groups, capabilities = caller
+    return attr.gid not in groups and not capabilities & (1 << CAP_FSETID)
+
+
+def _check_open(attr: Attr, flags: int, ctx: pyfuse3.RequestContext) -> None:
+    """EACCES unless the caller may open the existing file `attr` with `flags` by its mode bits, as the
+    kernel checks an open (it did not check this one: it asked to create a name it had cached as
+    missing, which another node had made meanwhile -- the daemon, maybe root, opens it)."""
+    want = (0 if flags & os.O_ACCMODE == os.O_WRONLY else 4) | (
+        2 if flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC else 0)
+    if ctx.uid == 0:
+        return
+    caller = _caller(ctx)
+    groups, capabilities = caller if caller is not None else ([], 0)
+    if capabilities & (1 << CAP_DAC_OVERRIDE):
+        return
+    if ctx.uid == attr.uid:
+        allowed = attr.mode >> 6
+    elif ctx.gid == attr.gid or attr.gid in groups:
+        allowed = attr.mode >> 3
+    else:
+        allowed = attr.mode
+    if want & ~allowed & 0o7:
+        raise PermissionError(errno.EACCES, "permission denied: the file was made on another node meanwhile")
 
 
 def _invalidate_entry(parent_inode: int, name: str) -> None:
@@ -98,12 +150,13 @@ class GmountOperations(pyfuse3.Operations):
         self.counters = counters if counters is not None else IOCounters()
         self.ttl = attr_ttl
         self.negative_ttl = negative_ttl
-        self.inodes = InodeTable()
+        self.inodes = InodeTable(namespace.site_of)  # numbers from each file's holder: see inodes.py
         self._files: dict[int, FileHandle] = {}
         # Open files are keyed by inode: fh -> inode, inode -> its open fhs.
         self._inode_of: dict[int, int] = {}
         self._open: dict[int, set[int]] = {}
         self._dirs: dict[int, tuple[str, list[tuple[str, Any]] | None]] = {}
+        self._drop_setgid_at_write: set[int] = set()  # fhs whose first write clears set-gid (`_drops_setgid`)
         self._next_fh = 1
         # version of each inode at its last open: unchanged -> keep the page cache
         self._opened_version: dict[int, tuple[int, int, int]] = {}
@@ -119,6 +172,10 @@ class GmountOperations(pyfuse3.Operations):
         # threads for invalidating entries: the kernel call blocks while that directory is busy
         self._entry_limiter = trio.CapacityLimiter(4)
         namespace.on_created_elsewhere = self.created_elsewhere
+        #: kernel passthrough of this node's files (passthrough.py), when the daemon may use it
+        self.passthrough: Passthrough | None = None
+        #: the mount root's `user.gmount.bypass`: where jobs' preload library asks (bypass.py)
+        self.bypass_xattr: bytes | None = None
 
     # -- helpers ---------------------------------------------------------------
 
@@ -177,7 +234,7 @@ class GmountOperations(pyfuse3.Operations):
             missing.st_ino = 0
             missing.entry_timeout = self.negative_ttl
             return missing
-        return self._entry(self.inodes.remember(path), location.attr)
+        return self._entry(self.inodes.remember(path, location.node, location.attr), location.attr)
 
     def forget(self, inode_list: list[tuple[int, int]]) -> None:  # type: ignore[override]
         for inode, count in inode_list:
@@ -212,6 +269,18 @@ class GmountOperations(pyfuse3.Operations):
                 await trio.to_thread.run_sync(_invalidate_entry, parent_inode, name, abandon_on_cancel=True,
                                               limiter=self._entry_limiter)
 
+    async def changed_outside(self, path: str) -> None:
+        """This node's file `path` was written without this mount (a job's bypass): drop the kernel's
+        attributes of it, so a stat through this mount shows the new size at once; the next open
+        finds the version changed and drops its pages."""
+        inode = self.inodes.inode(path)
+        if inode is None:
+            return
+        self._told.pop(inode, None)
+        with trio.move_on_after(KERNEL_NOTIFY_WAIT):
+            await trio.to_thread.run_sync(_invalidate_inode, inode, True, abandon_on_cancel=True,
+                                          limiter=self._entry_limiter)
+
     def _remember_negative(self, parent_inode: int, name: str) -> bool:
         """Note a "not found" the kernel will cache; False when too many are tracked (then say it uncached)."""
         now = time.monotonic()
@@ -229,13 +298,39 @@ class GmountOperations(pyfuse3.Operations):
         if handles:
             # An open file answers for itself, even if unlinked or renamed meanwhile.
             return self._entry(inode, await self.ns.fstat(self._files[next(iter(handles))]))
-        location = await self.ns.lookup(self.inodes.path(inode))
-        return self._entry(inode, location.attr)
+        return self._entry(inode, await self._attributes_of(inode))
+
+    async def _attributes_of(self, inode: int) -> Attr:
+        """The file's attributes through one of its names (a hard link's other names when one went).
+
+        A name that is now another file's (replaced on another node, or by a copy staged here) is
+        no longer this inode's: ESTALE then has the kernel look the name up again (the VFS retries
+        a path walk once on ESTALE), and the caller sees the file the name has now."""
+        names = self.inodes.names(inode)[::-1] or [self.inodes.path(inode)]
+        for index, path in enumerate(names):
+            try:
+                location = await self.ns.lookup(path)
+            except FileNotFoundError:
+                if index == len(names) - 1:
+                    raise
+                self.inodes.detach(path, inode)
+                continue
+            if self.inodes.is_file_of(inode, location.node, location.attr):
+                return location.attr
+            self.inodes.detach(path, inode)
+        raise OSError(errno.ESTALE, f"inode {inode} is no longer the file its names show")
 
     @_fuse_errors
     async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,
                       fh: int | None, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         path = self.inodes.path(inode)
+        mode = attr.st_mode if fields.update_mode else None
+        if fields.update_size and ctx.uid != 0:  # a truncate, with the kernel's clearing of set-uid or not
+            current = (await self.ns.lookup(path)).attr
+            if mode is not None:
+                current = current._replace(mode=stat.S_IFMT(current.mode) | stat.S_IMODE(mode))
+            if _drops_setgid(current, ctx):
+                mode = current.mode & ~stat.S_ISGID
         if fields.update_uid or fields.update_gid:
             owned = await self.ns.chown(path, attr.st_uid if fields.update_uid else -1,
                                         attr.st_gid if fields.update_gid else -1)
@@ -243,7 +338,7 @@ class GmountOperations(pyfuse3.Operations):
                 return self._entry(inode, owned)
         new = await self.ns.setattr(
             path,
-            mode=attr.st_mode if fields.update_mode else None,
+            mode=mode,
             size=attr.st_size if fields.update_size else None,
             atime_ns=attr.st_atime_ns if fields.update_atime else None,
             mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
@@ -280,12 +375,12 @@ class GmountOperations(pyfuse3.Operations):
             self._dirs[fh] = (path, entries)
         for index in range(start_id, len(entries)):
             name, location = entries[index]
-            inode = self.inodes.peek(join(path, name))
+            inode = self.inodes.peek(join(path, name), location.node, location.attr)
             if not pyfuse3.readdir_reply(token, os.fsencode(name), self._entry(inode, location.attr), index + 1):
                 self._told.pop(inode, None)  # the kernel did not take these attributes
                 self.inodes.drop_if_unused(inode)
                 break
-            self.inodes.remember(join(path, name))
+            self.inodes.count_lookup(inode)
 
     @_fuse_errors
     async def releasedir(self, fh: int) -> None:
@@ -296,7 +391,7 @@ class GmountOperations(pyfuse3.Operations):
                     ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         path = self._child(parent_inode, name)
         attr = await self._give_to_caller(path, await self.ns.mkdir(path, mode & ~ctx.umask), ctx)
-        return self._entry(self.inodes.remember(path), attr)
+        return self._entry(self.inodes.remember(path, self.ns.me, attr), attr)
 
     @_fuse_errors
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
@@ -307,32 +402,67 @@ class GmountOperations(pyfuse3.Operations):
     @_fuse_errors
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         path = self._child(parent_inode, name)
+        inode = self.inodes.inode(path)
         await self.ns.unlink(path)
         self.inodes.detach(path)
+        self._link_count_changed(inode)
+
+    def _link_count_changed(self, inode: int | None) -> None:
+        """A name of the file `inode` went: its other names show the new link count at once here
+        (the kernel drops the count of its inode itself and asks again)."""
+        if inode is not None:
+            self.ns.forget_attributes(self.inodes.names(inode))
 
     @_fuse_errors
     async def symlink(self, parent_inode: int, name: bytes, target: bytes,
                       ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         path = self._child(parent_inode, name)
         attr = await self._give_to_caller(path, await self.ns.symlink(os.fsdecode(target), path), ctx)
-        return self._entry(self.inodes.remember(path), attr)
+        return self._entry(self.inodes.remember(path, self.ns.me, attr), attr)
 
     @_fuse_errors
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes,
                      flags: int, ctx: pyfuse3.RequestContext) -> None:
         src = self._child(parent_inode_old, name_old)
         dst = self._child(parent_inode_new, name_new)
+        replaced = self.inodes.inode(dst)
+        if ctx.uid != 0:
+            await self._check_sticky_target(dst, ctx)
         is_dir = await self.ns.rename(src, dst, flags)
         self.inodes.rename(src, dst, is_dir)
+        self._link_count_changed(replaced)
+
+    async def _check_sticky_target(self, dst: str, ctx: pyfuse3.RequestContext) -> None:
+        """EPERM for a rename over another user's `dst` in a sticky directory, as the kernel checks when
+        it knows `dst`: here it did not (it had the name cached as missing, and another node made
+        it meanwhile), and the daemon would replace it with its own rights."""
+        directory = (await self.ns.lookup(dst.rsplit("/", 1)[0] or "/")).attr
+        if not directory.mode & stat.S_ISVTX or directory.uid == ctx.uid:
+            return
+        for target in await self.ns.where(dst):  # past the caches: one that said "not found" may be why
+            if target.attr.uid != ctx.uid:
+                raise PermissionError(errno.EPERM, f"{dst} is another user's in a sticky directory "
+                                                   f"(on node {target.node})")
 
     # -- files ---------------------------------------------------------------
 
     @_fuse_errors
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         handle = await self.ns.open(self.inodes.path(inode), flags)
-        return await self._file_info(inode, handle)
+        drop_setgid = flags & os.O_ACCMODE != os.O_RDONLY and _drops_setgid(handle.attr, ctx)
+        if drop_setgid and flags & os.O_TRUNC:  # truncated by the open already
+            try:
+                handle.attr = await self.ns.setattr(handle.path, mode=handle.attr.mode & ~stat.S_ISGID, handle=handle)
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    await self.ns.release(handle, named=False)
+                raise
+        info = await self._file_info(inode, handle, flags)
+        if drop_setgid and not flags & os.O_TRUNC:
+            self._drop_setgid_at_write.add(info.fh)
+        return info
 
-    async def _file_info(self, inode: int, handle: FileHandle) -> pyfuse3.FileInfo:
+    async def _file_info(self, inode: int, handle: FileHandle, flags: int) -> pyfuse3.FileInfo:
         """Close-to-open, against what the kernel holds: `handle.attr` is fresh from the holder.
 
         Pages are kept only if the file is unchanged since the last open here (otherwise
@@ -362,17 +492,39 @@ class GmountOperations(pyfuse3.Operations):
         self._open.setdefault(inode, set()).add(fh)
         info = pyfuse3.FileInfo(fh=fh)
         info.keep_cache = keep
+        if self.passthrough is not None and self.passthrough.opened(inode, fh, handle.fd):
+            # the kernel writes the export file itself, unseen here: release reports it as written
+            handle.wrote = handle.wrote or flags & os.O_ACCMODE != os.O_RDONLY
         return info
 
     @_fuse_errors
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         path = self._child(parent_inode, name)
-        handle = await self.ns.create(path, flags, mode & ~ctx.umask)
-        handle.attr = await self._give_to_caller(path, handle.attr, ctx)
-        inode = self.inodes.remember(path)
-        entry = self._entry(inode, handle.attr)
-        return await self._file_info(inode, handle), entry
+        handle = await self.ns.create(path, flags, mode & ~ctx.umask,
+                                      check_existing=lambda attr: _check_open(attr, flags, ctx))
+        inode: int | None = None
+        try:
+            if handle.created:  # not an existing file another node had made meanwhile
+                handle.attr = await self._give_to_caller(path, handle.attr, ctx)
+            inode = self.inodes.remember(path, handle.node, handle.attr)
+            entry = self._entry(inode, handle.attr)
+            return await self._file_info(inode, handle, flags), entry
+        except BaseException:
+            # The kernel gets neither the entry nor the handle, so it never forgets or releases
+            # them: take the lookup back and close the file here (it stays made, as a failed
+            # open(O_CREAT) may leave it).
+            if inode is not None:
+                self.inodes.forget(inode, 1)
+            with trio.CancelScope(shield=True):
+                await self._release_unused(handle)
+            raise
+
+    async def _release_unused(self, handle: FileHandle) -> None:
+        try:
+            await self.ns.release(handle)
+        except Exception as exc:
+            log.warning("could not close %s after its create failed: %s", handle.path, exc)
 
     @_fuse_errors
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -384,6 +536,11 @@ class GmountOperations(pyfuse3.Operations):
     @_fuse_errors
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         handle = self._files[fh]
+        if fh in self._drop_setgid_at_write:
+            self._drop_setgid_at_write.discard(fh)
+            mode = (await self.ns.fstat(handle)).mode
+            if mode & (stat.S_ISGID | stat.S_IXGRP) == stat.S_ISGID:
+                await self.ns.setattr(self.inodes.path(self._inode_of[fh]), mode=mode & ~stat.S_ISGID, handle=handle)
         written = await self.ns.write(handle, off, buf)
         self.counters.mount_write(handle.fd is not None, written)
         others = self._open.get(self._inode_of[fh], ())
@@ -400,7 +557,10 @@ class GmountOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def release(self, fh: int) -> None:
+        if self.passthrough is not None:
+            self.passthrough.released(fh)
         handle = self._files.pop(fh)
+        self._drop_setgid_at_write.discard(fh)
         inode = self._inode_of.pop(fh)
         handles = self._open.get(inode)
         if handles is not None:
@@ -422,6 +582,8 @@ class GmountOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        if inode == ROOT_INODE and name == b"user.gmount.bypass" and self.bypass_xattr is not None:
+            return self.bypass_xattr
         try:
             return await self.ns.getxattr(self.inodes.path(inode), os.fsdecode(name))
         except OSError as exc:
@@ -449,14 +611,14 @@ class GmountOperations(pyfuse3.Operations):
         path = self._child(parent_inode, name)
         attr = await self.ns.mknod(path, mode & ~ctx.umask, rdev)
         attr = await self._give_to_caller(path, attr, ctx)
-        return self._entry(self.inodes.remember(path), attr)
+        return self._entry(self.inodes.remember(path, self.ns.me, attr), attr)
 
     @_fuse_errors
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes,
                    ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         dst = self._child(new_parent_inode, new_name)
         attr = await self.ns.link(self.inodes.path(inode), dst)
-        return self._entry(self.inodes.remember(dst), attr)
+        return self._entry(self.inodes.remember(dst, self.ns.me, attr), attr)  # `inode` again: one file
 
     async def _give_to_caller(self, path: str, attr: Attr, ctx: pyfuse3.RequestContext) -> Attr:
         """A root daemon serving other users (allow_other) makes their new files theirs, as the

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import errno
 import logging
-from collections import OrderedDict
-from collections.abc import Callable
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import trio
 
@@ -25,9 +26,9 @@ from ..errors import PeerUnavailable
 from ..protocol import messages as msg
 from ..protocol.attr import Attr
 from ..protocol.messages import LocateReply, R, ReplicaSource, Request
+from .leases import TtlCache
 
 log = logging.getLogger(__name__)
-_V = TypeVar("_V")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,17 +46,6 @@ class AbsentForNow(FileNotFoundError):
     Not a cacheable "no such file": the answer may change as soon as that
     node answers again, so neither the daemon nor the kernel keeps it.
     """
-
-
-def drop_expired(cache: OrderedDict[str, _V], expiry: Callable[[_V], float], now: float) -> None:
-    """Drop entries from the oldest end of `cache` while they have expired. Each cache gives its
-    entries one lease and moves an entry to the end when it is set, so the oldest expire first:
-    the cache then holds what its lease covers, not up to `max_entries` dead entries that every
-    directory removal would scan."""
-    while cache:
-        if expiry(next(iter(cache.values()))) > now:
-            return
-        cache.popitem(last=False)
 
 
 #: How long a create waits for the other nodes to drop their "not found" (unreachable
@@ -143,13 +133,12 @@ class FloodLocator:
         self._rank = {node: i for i, node in enumerate(self.order)}
         self.ttl = ttl
         self.negative_ttl = negative_ttl
-        self._max = max_entries
-        self._positive: OrderedDict[str, tuple[Location, float]] = OrderedDict()
-        self._negative: OrderedDict[str, float] = OrderedDict()
+        self._positive: TtlCache[str, Location] = TtlCache(max_entries)
+        self._negative: TtlCache[str, None] = TtlCache(max_entries)
         # The node last seen holding each path, kept past the TTL: if that node stops
         # answering, a lookup says EIO (the file is there but unreachable), not ENOENT.
-        self._last_holder: OrderedDict[str, str] = OrderedDict()
-        self._inflight: dict[str, _Flight] = {}
+        self._last_holder: TtlCache[str, str] = TtlCache(max_entries)
+        self._flights = Flights()
         self._hits = self._negative_hits = self._misses = self._remote = 0
 
     # -- the search ----------------------------------------------------------
@@ -164,28 +153,20 @@ class FloodLocator:
         not be asked. None of those is cached.
         """
         now = trio.current_time()
-        cached = self._positive.get(path)
-        if not fresh and cached is not None and cached[1] > now:
+        cached = self._positive.get(path, now)
+        if not fresh and cached is not None:
             self._hits += 1
-            return cached[0]
-        expires = self._negative.get(path)
+            return cached
+        expires = self._negative.until(path)
         if not fresh and expires is not None and expires > now:
             self._negative_hits += 1
             return None
-        while (flight := self._inflight.get(path)) is not None:  # someone is already searching
-            await flight.done.wait()
-            if flight.finished and not fresh:
-                return flight.result
-            # That search was cancelled (an interrupted caller) or failed: its "no answer" is
-            # not a "no such file", so search again rather than report ENOENT.
+        shared = await self._flights.wait(path, share=not fresh)  # someone may be searching already
+        if shared is not None:
+            return shared.result
         self._misses += 1
-        flight = self._inflight[path] = _Flight()
-        try:
-            flight.result = await self._search(path, self._last_holder.get(path))
-            flight.finished = True
-        finally:
-            del self._inflight[path]
-            flight.done.set()
+        with self._flights.fly(path) as flight:
+            flight.result = await self._search(path, self._last_holder.peek(path))
         if flight.result is None:
             if not flight.stale:  # a create elsewhere raced with this search: do not keep its "no"
                 self._remember_negative(path)
@@ -310,7 +291,7 @@ class FloodLocator:
 
     def last_holder(self, path: str) -> str | None:
         """The node last seen holding `path` (kept past the TTL), if any."""
-        return self._last_holder.get(path)
+        return self._last_holder.peek(path)
 
     async def withdraw(self, path: str) -> None:
         """The create after `claim` failed: nothing was announced, nothing to undo."""
@@ -359,46 +340,40 @@ class FloodLocator:
         return self._rank.get(node, len(self._rank))
 
     def learn(self, path: str, location: Location) -> None:
-        self._negative.pop(path, None)
+        self._negative.pop(path)
         now = trio.current_time()
-        self._positive[path] = (location, now + self.ttl)
-        self._positive.move_to_end(path)
-        drop_expired(self._positive, lambda cached: cached[1], now)
-        if len(self._positive) > self._max:
-            self._positive.popitem(last=False)
-        self._last_holder[path] = location.replica_of or location.node
-        self._last_holder.move_to_end(path)
-        if len(self._last_holder) > self._max:
-            self._last_holder.popitem(last=False)
+        self._positive.put(path, location, now + self.ttl, now)
+        self._last_holder.put(path, location.replica_of or location.node, math.inf, now)
 
     def note_created(self, path: str, location: Location) -> None:
         self.learn(path, location)
-        self._positive.pop(_parent(path), None)  # the directory's nlink, mtime and ctime changed
+        self._positive.pop(_parent(path))  # the directory's nlink, mtime and ctime changed
 
     def note_removed(self, path: str) -> None:
-        self._positive.pop(path, None)
-        self._positive.pop(_parent(path), None)
-        self._last_holder.pop(path, None)
+        self._positive.pop(path)
+        self._positive.pop(_parent(path))
+        self._last_holder.pop(path)
         self._mark_stale(path)
         self._remember_negative(path)
 
     def note_renamed(self, src: str, dst: str, is_dir: bool) -> None:
         """Forget both names; for a directory also everything below them (children moved)."""
-        self._positive.pop(_parent(src), None)
-        self._positive.pop(_parent(dst), None)
-        for cache in (self._positive, self._negative, self._last_holder):
-            cache.pop(src, None)
-            cache.pop(dst, None)
+        self._positive.pop(_parent(src))
+        self._positive.pop(_parent(dst))
+        caches: tuple[TtlCache[str, Location], TtlCache[str, None], TtlCache[str, str]] = (
+            self._positive, self._negative, self._last_holder)
+        prefixes = (src + "/", dst + "/")
+        for cache in caches:
+            cache.pop(src)
+            cache.pop(dst)
             if is_dir:
-                prefixes = (src + "/", dst + "/")
-                for key in [k for k in cache if k.startswith(prefixes)]:
-                    del cache[key]
+                cache.discard_where(lambda key: key.startswith(prefixes))
         self._mark_stale(src)
         self._mark_stale(dst)
 
     def invalidate(self, path: str) -> None:
-        self._positive.pop(path, None)
-        self._negative.pop(path, None)
+        self._positive.pop(path)
+        self._negative.pop(path)
         self._mark_stale(path)
 
     def forget_absent(self, path: str, is_dir: bool = False) -> None:
@@ -408,20 +383,11 @@ class FloodLocator:
         way for one of them may have asked the creator before the create; its answer is
         not kept.
         """
-        self._positive.pop(path, None)
-        if is_dir:
-            prefix = path + "/"
-            for key in [k for k in self._negative if k.startswith(prefix)]:
-                del self._negative[key]
-        while path not in ("/", ""):
-            self._negative.pop(path, None)
-            self._mark_stale(path)
-            path = path.rsplit("/", 1)[0]
+        self._positive.pop(path)
+        drop_absent(self._negative, self._flights, path, is_dir)
 
     def _mark_stale(self, path: str) -> None:
-        flight = self._inflight.get(path)
-        if flight is not None:
-            flight.stale = True
+        self._flights.mark_stale(path)
 
     def forget_all(self) -> None:
         """Drop every cached answer (the set of reachable nodes changed)."""
@@ -432,24 +398,69 @@ class FloodLocator:
         if self.negative_ttl <= 0:
             return
         now = trio.current_time()
-        self._negative[path] = now + self.negative_ttl
-        self._negative.move_to_end(path)
-        drop_expired(self._negative, lambda until: until, now)
-        if len(self._negative) > self._max:
-            self._negative.popitem(last=False)
+        self._negative.put(path, None, now + self.negative_ttl, now)
 
     def statistics(self) -> LocatorStatistics:
         return LocatorStatistics(self._hits, self._negative_hits, self._misses, self._remote,
                                  len(self._positive))
 
 
+def drop_absent(negative: TtlCache[str, None], flights: Flights, path: str, is_dir: bool) -> None:
+    """`path` exists now: drop "not found" for it and for its parents (and, for a directory,
+    for everything below it); a search of one of them under way keeps no answer."""
+    if is_dir:
+        prefix = path + "/"
+        negative.discard_where(lambda key: key.startswith(prefix))
+    while path not in ("/", ""):
+        negative.pop(path)
+        flights.mark_stale(path)
+        path = _parent(path)
+
+
 def _parent(path: str) -> str:
     return path.rsplit("/", 1)[0] or "/"
 
 
-class _Flight:
+class Flight:
+    """One search for a path under way (see `Flights`)."""
+
     def __init__(self) -> None:
         self.done = trio.Event()
         self.finished = False  # False when done because the searching task was cancelled or failed
         self.stale = False     # the path changed while searching: the answer is not cached
         self.result: Location | None = None
+
+
+class Flights:
+    """Searches under way, one per path: a later search of the same path waits for the first
+    one's answer instead of asking the nodes again (singleflight)."""
+
+    def __init__(self) -> None:
+        self._under_way: dict[str, Flight] = {}
+
+    async def wait(self, path: str, *, share: bool) -> Flight | None:
+        """Wait while `path` is being searched for; with `share`, the search that finished with an
+        answer meanwhile (None: search yourself). A search that was cancelled (an interrupted
+        caller) or failed has no answer: its "no answer" is not a "no such file"."""
+        while (flight := self._under_way.get(path)) is not None:
+            await flight.done.wait()
+            if flight.finished and share:
+                return flight
+        return None
+
+    @contextmanager
+    def fly(self, path: str) -> Iterator[Flight]:
+        """The search of `path` this caller makes: finished when the block ends without an error."""
+        flight = self._under_way[path] = Flight()
+        try:
+            yield flight
+            flight.finished = True
+        finally:
+            del self._under_way[path]
+            flight.done.set()
+
+    def mark_stale(self, path: str) -> None:
+        """`path` changed: the answer of a search of it under way is not to be kept."""
+        flight = self._under_way.get(path)
+        if flight is not None:
+            flight.stale = True

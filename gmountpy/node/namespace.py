@@ -40,6 +40,7 @@ from ..protocol.attr import Attr
 from ..protocol.messages import DirEntry
 from .export import Export, off_loop, pread, pwrite, split_path
 from .locator import Location, Locator
+from .parents import Parents
 from .peers import PeerPool
 from .readahead import ReadAhead
 from .service import LISTDIR_MAX, MAX_IO
@@ -64,6 +65,7 @@ class FileHandle:
     remote: int | None = None    # the holder's handle id otherwise
     wrote: bool = False
     reader: ReadAhead | None = None  # sequential read-ahead, remote handles only
+    created: bool = False        # made by this open (O_CREAT of a new name), not an existing file
 
     @property
     def remote_handle(self) -> int:
@@ -103,6 +105,7 @@ class Namespace:
         self.export = export
         self.peers = peers
         self.locator = locator
+        self.parents = Parents(me, export, peers, locator, self.lookup)  # those a create or rename makes
         #: Called when another node created a path (the FUSE layer drops the kernel's
         #: negative entries there).
         self.on_created_elsewhere: Callable[[str, bool], Awaitable[None]] | None = None
@@ -116,6 +119,12 @@ class Namespace:
         if location is None:
             raise _enoent(path)
         return location
+
+    def forget_attributes(self, paths: Iterable[str]) -> None:
+        """These names' attributes changed without a change through them (another name of the same
+        file went): the next lookup asks again."""
+        for path in paths:
+            self.locator.invalidate(path)
 
     async def where(self, path: str) -> list[Location]:
         return await self.locator.find_all(path)
@@ -246,7 +255,7 @@ class Namespace:
             # only a truncating open, which may free a large file's blocks, goes to a thread.
             fd = (await off_loop(self.export.open, path, flags) if flags & os.O_TRUNC
                   else self.export.open(path, flags))
-            opened = FileHandle(path, self.me, Attr.from_stat(os.fstat(fd)), fd=fd)
+            opened = FileHandle(path, self.me, self.export.attr(os.fstat(fd)), fd=fd)
         else:
             reply = await self.peers.ask(location.node, msg.Open(path, flags))
             opened = FileHandle(path, location.node, reply.attr, remote=reply.handle)
@@ -263,19 +272,25 @@ class Namespace:
             self.locator.invalidate(path)
         return opened
 
-    async def create(self, path: str, flags: int, mode: int) -> FileHandle:
-        """open(O_CREAT): the existing file if any reachable node has it, else a new one here."""
+    async def create(self, path: str, flags: int, mode: int,
+                     check_existing: Callable[[Attr], None] | None = None) -> FileHandle:
+        """open(O_CREAT): the existing file if any reachable node has it, else a new one here.
+        `check_existing` may refuse to open an existing file (the caller's permission, which the
+        kernel checked for a create of a new name only)."""
+        parents = await self.parents.missing_on(self.me, path)
         existing = await self._find_everywhere(path)
         if existing is not None:
             if flags & os.O_EXCL:
                 raise FileExistsError(errno.EEXIST, f"{path} exists (on node {existing.node})")
             if existing.attr.is_dir:
                 raise IsADirectoryError(errno.EISDIR, f"{path} is a directory (on node {existing.node})")
+            if check_existing is not None:
+                check_existing(existing.attr)
             return await self.open(path, flags & ~(os.O_CREAT | os.O_EXCL))
-        fd = await self._made_here(path, lambda: off_loop(self.export.create, path, flags, mode))
-        attr = Attr.from_stat(os.fstat(fd))
+        fd = await self._made_here(path, lambda: off_loop(self.export.create, path, flags, mode), parents)
+        attr = self.export.attr(os.fstat(fd))
         self.locator.note_created(path, Location(self.me, attr))
-        handle = FileHandle(path, self.me, attr, fd=fd, wrote=True)
+        handle = FileHandle(path, self.me, attr, fd=fd, wrote=True, created=True)
         await self._announce_created(path)
         return handle
 
@@ -284,9 +299,12 @@ class Namespace:
         (the create must follow, or be withdrawn: `_made_here`)."""
         return await self.locator.claim(path, is_dir=is_dir)
 
-    async def _made_here(self, path: str, make: Callable[[], Awaitable[T]]) -> T:
-        """Make the claimed `path` in this export; a failure withdraws the claim."""
+    async def _made_here(self, path: str, make: Callable[[], Awaitable[T]],
+                         parents: list[tuple[str, Attr]]) -> T:
+        """Make the claimed `path` in this export, its missing `parents` first (`Parents.missing_on`);
+        a failure withdraws the claim."""
         try:
+            await self.parents.make(self.me, parents)
             return await make()
         except BaseException:
             with trio.CancelScope(shield=True):
@@ -351,7 +369,15 @@ class Namespace:
         view = memoryview(data)
         while written < len(data):
             piece = bytes(view[written:written + MAX_IO])
-            written += await self.peers.ask(handle.node, msg.Write(handle.remote_handle, offset + written, piece))
+            try:
+                wrote = await self.peers.ask(handle.node, msg.Write(handle.remote_handle, offset + written, piece))
+            except OSError:
+                if written:
+                    return written  # a short write (POSIX): what landed, not an error -- a retry must not repeat it
+                raise
+            written += wrote
+            if wrote < len(piece):
+                break  # the holder wrote less (a full disk): say so, as write(2) would
         return written
 
     async def fsync(self, handle: FileHandle, datasync: bool) -> None:
@@ -362,7 +388,7 @@ class Namespace:
 
     async def fstat(self, handle: FileHandle) -> Attr:
         if handle.fd is not None:
-            return Attr.from_stat(os.fstat(handle.fd))
+            return self.export.attr(os.fstat(handle.fd))
         return await self.peers.ask(handle.node, msg.Fstat(handle.remote_handle))
 
     async def release(self, handle: FileHandle, *, named: bool = True) -> Attr | None:
@@ -376,7 +402,7 @@ class Namespace:
         final: Attr | None = None
         if handle.fd is not None:
             if handle.wrote:
-                final = Attr.from_stat(os.fstat(handle.fd))
+                final = self.export.attr(os.fstat(handle.fd))
                 if path is not None:
                     self.locator.invalidate(path)
             os.close(handle.fd)
@@ -402,23 +428,26 @@ class Namespace:
     # -- namespace changes ---------------------------------------------------
 
     async def mkdir(self, path: str, mode: int) -> Attr:
-        await self._refuse_existing(path, is_dir=True)
-        attr = await self._made_here(path, lambda: off_loop(self.export.mkdir, path, mode))
+        parents = await self._refuse_existing(path, is_dir=True)
+        attr = await self._made_here(path, lambda: off_loop(self.export.mkdir, path, mode), parents)
         self.locator.note_created(path, Location(self.me, attr))
         await self._announce_created(path, is_dir=True)
         return attr
 
     async def symlink(self, target: str, path: str) -> Attr:
-        await self._refuse_existing(path)
-        attr = await self._made_here(path, lambda: off_loop(self.export.symlink, target, path))
+        parents = await self._refuse_existing(path)
+        attr = await self._made_here(path, lambda: off_loop(self.export.symlink, target, path), parents)
         self.locator.note_created(path, Location(self.me, attr))
         await self._announce_created(path)
         return attr
 
-    async def _refuse_existing(self, path: str, is_dir: bool = False) -> None:
+    async def _refuse_existing(self, path: str, is_dir: bool = False) -> list[tuple[str, Attr]]:
+        """Claim `path` for a create here, EEXIST if it exists; the parents the create makes first."""
+        parents = await self.parents.missing_on(self.me, path)
         existing = await self._find_everywhere(path, is_dir)
         if existing is not None:
             raise FileExistsError(errno.EEXIST, f"{path} exists (on node {existing.node})")
+        return parents
 
     async def _all_holders(self, path: str) -> list[Location]:
         """Every holder, for a change that must reach all of them (EIO if a node cannot be asked)."""
@@ -502,6 +531,8 @@ class Namespace:
             raise FileExistsError(errno.EEXIST, f"{dst} exists")
         is_dir = sources[0].attr.is_dir
         holder = sources[0].node
+        if await self._one_file(holder, src, dst, sources, targets):
+            return is_dir  # two names of one file: rename(2) does nothing, both stay
         # the common case, a file on one node and no other `dst` anywhere: renamed and announced in one step
         one_step = (not is_dir and len(sources) == 1 and sources[0].replica_of is None
                     and all(target.node == holder and not target.attr.is_dir for target in targets))
@@ -509,6 +540,7 @@ class Namespace:
             if is_dir:
                 await self._rename_dir(src, dst, sources, targets)
             elif one_step:
+                await self.parents.make_for_rename(holder, src, dst)
                 await self.locator.change(holder, src, msg.Rename(src, dst))
             else:
                 await self._rename_file(src, dst, sources, targets)
@@ -524,6 +556,16 @@ class Namespace:
             await self.locator.announce_renamed(src, dst, is_dir, moved)  # no node may say "not found" for dst
         return is_dir
 
+    async def _one_file(self, holder: str, src: str, dst: str, sources: list[Location],
+                        targets: list[Location]) -> bool:
+        """Whether `src` and `dst` are two hard links of one file of `holder` (asked of it when the
+        attributes known say so: they may be older than a change that replaced one of them)."""
+        if sources[0].replica_of is not None or not any(
+                t.node == holder and t.replica_of is None and t.attr.same_file(sources[0].attr) for t in targets):
+            return False
+        both = [await self.peers.ask(holder, msg.Lookup(path)) for path in (src, dst)]
+        return both[0] is not None and both[1] is not None and both[0].same_file(both[1])
+
     async def _rename_file(self, src: str, dst: str, sources: list[Location], targets: list[Location]) -> None:
         originals = [loc for loc in sources if loc.replica_of is None]
         if not originals:
@@ -534,6 +576,7 @@ class Namespace:
             if target.attr.is_dir:
                 raise IsADirectoryError(errno.EISDIR, f"{dst} is a directory (on node {target.node})")
         others = [location for location in targets if location.node != holder]
+        await self.parents.make_for_rename(holder, src, dst)
         try:
             await self.peers.ask(holder, msg.Rename(src, dst))
         except PeerUnavailable:
@@ -562,9 +605,34 @@ class Namespace:
         for target in targets:  # rename(2) semantics: check everywhere first, then change anything
             if await self.peers.ask(target.node, msg.Listdir(dst)):
                 raise OSError(errno.ENOTEMPTY, f"{dst} is not empty (on node {target.node})")
-        for location in sources:
-            if location.attr.is_dir:
-                await self.peers.ask(location.node, msg.Rename(src, dst))
+        renamed: list[str] = []
+        for node in [loc.node for loc in sources if loc.attr.is_dir]:
+            try:
+                await self.parents.make_for_rename(node, src, dst)
+                await self.peers.ask(node, msg.Rename(src, dst))
+            except BaseException as exc:
+                with trio.CancelScope(shield=True):
+                    await self._undo_dir_rename(src, dst, node, renamed, exc)
+                raise
+            renamed.append(node)
+
+    async def _undo_dir_rename(self, src: str, dst: str, failed: str, renamed: list[str], why: BaseException) -> None:
+        """A directory rename failed on node `failed` after it succeeded on `renamed`: rename those
+        back, so the directory keeps one name (the old one). If one cannot be renamed back, the
+        error says which nodes hold which name (docs/failures.md)."""
+        split: list[str] = []
+        for node in reversed(renamed):
+            try:
+                await self.peers.ask(node, msg.Rename(dst, src))
+            except OSError as exc:
+                log.warning("could not rename %s back to %s on node %s after the rename failed on %s: %s",
+                            dst, src, node, failed, exc)
+                split.append(node)
+        if split:
+            raise OSError(errno.EIO, f"renaming directory {src} to {dst} failed on node {failed} ({why}) and could "
+                                     f"not be undone on {', '.join(split)}: the directory is {dst} there and {src} "
+                                     f"on the other nodes; rename it in the exports of those nodes by hand "
+                                     f"(see docs/failures.md)") from None
 
     async def setattr(self, path: str, *, mode: int | None = None, size: int | None = None,
                       atime_ns: int | None = None, mtime_ns: int | None = None,
@@ -575,7 +643,7 @@ class Namespace:
         if size is not None:
             if handle is not None and handle.fd is not None:
                 await off_loop(os.ftruncate, handle.fd, size)
-                attr = Attr.from_stat(os.fstat(handle.fd))
+                attr = self.export.attr(os.fstat(handle.fd))
             elif handle is not None:
                 attr = await self.peers.ask(node, msg.Ftruncate(handle.remote_handle, size))
                 if handle.reader is not None:
@@ -635,8 +703,10 @@ class Namespace:
         location = await self.lookup(path)
         try:
             names = await self.peers.ask(location.node, msg.Listxattr(path))
-        except OSError:
-            names = []
+        except OSError as exc:
+            if exc.errno != errno.EOPNOTSUPP:
+                raise  # a holder's error is no empty list: `getfattr`, `cp -a` must hear of it
+            names = []  # the holder's file system keeps no extended attributes
         virtual = [n for n in VIRTUAL_XATTRS if n != "user.gmount.local_path" or location.node == self.me]
         return virtual + [n for n in names if not n.startswith(XATTR_PREFIX)]
 
@@ -661,8 +731,8 @@ class Namespace:
         node whose mount is used makes the pipe, so a writer and a reader on one node
         talk through it; processes on different nodes each get their own node's pipe.
         """
-        await self._refuse_existing(path)
-        attr = await self._made_here(path, lambda: off_loop(self.export.mknod, path, mode, rdev))
+        parents = await self._refuse_existing(path)
+        attr = await self._made_here(path, lambda: off_loop(self.export.mknod, path, mode, rdev), parents)
         self.locator.note_created(path, Location(self.me, attr))
         await self._announce_created(path)
         return attr
@@ -680,8 +750,8 @@ class Namespace:
                                        f"and links are made on this node ({self.me})")
         if location.attr.is_dir:
             raise PermissionError(errno.EPERM, f"{src} is a directory")
-        await self._refuse_existing(dst)
-        attr = await self._made_here(dst, lambda: off_loop(self.export.link, src, dst))
+        parents = await self._refuse_existing(dst)
+        attr = await self._made_here(dst, lambda: off_loop(self.export.link, src, dst), parents)
         self.locator.note_created(dst, Location(self.me, attr))
         self.locator.learn(src, Location(self.me, attr))  # same inode: nlink changed for both names
         await self._announce_created(dst)

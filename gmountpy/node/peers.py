@@ -7,7 +7,11 @@ connections themselves are gmountpy.protocol.client's ClusterClient, as for ever
 other client of the daemons.
 
 A peer that cannot be reached is marked down for `retry_after` seconds, so a
-dead node costs one timeout, not one per lookup.
+dead node costs one timeout, not one per lookup. Only the peer's own failures
+count: a connect that fails, a connection that breaks, or a request that timed
+out while nothing at all came from the peer. A request cancelled by its caller
+(a closed file's read-ahead) or one slow request on a peer that keeps
+answering others never marks it down: the connection stays up for everyone.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import trio
 from ..errors import PeerUnavailable
 from ..protocol import rpc
 from ..protocol.client import ClusterClient
+from ..protocol.messages import R, Request
 from .service import NodeService
 
 log = logging.getLogger(__name__)
@@ -81,6 +86,13 @@ class PeerPool(ClusterClient):
         self._service.counters.messages[op] += 1
         return await super().call(node, op, *args, timeout=timeout)
 
+    async def ask(self, node: str, request: Request[R], *, timeout: float | None = None) -> R:
+        """`call` with a typed request; to this node itself, the handler's typed reply as it is
+        (no wire form either way)."""
+        if node == self.me:
+            return await self._service.serve(self._local_session, request)
+        return await super().ask(node, request, timeout=timeout)
+
     def _check(self, node: str) -> None:
         self.address(node)  # an unknown node is refused before any down mark
         until = self._down_until.get(node, -math.inf)
@@ -91,6 +103,9 @@ class PeerPool(ClusterClient):
     def _failed(self, node: str, exc: PeerUnavailable) -> None:
         if node not in self.nodes:
             return
+        if isinstance(exc, rpc.RequestTimedOut) and not exc.silent:
+            log.info("a request to node %s timed out while it answered others: %s", node, exc.reason)
+            return  # a slow request, not a dead peer
         if not self.is_down(node):
             log.warning("node %s is unavailable: %s", node, exc.reason)
         self._down_until[node] = trio.current_time() + self.retry_after

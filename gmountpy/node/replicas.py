@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 #: Set on every staged copy: {"source", "size", "mtime_ns"} of the source it was copied from.
 STAGED_XATTR = "user.gmount.staged"
+#: In the name of every staging copy while it is made (`.NAME<marker>XXXXXXXX` beside NAME): nobody's file yet.
+STAGING_MARKER = ".gmount-stage-"
 TABLE_VERSION = 2
 
 

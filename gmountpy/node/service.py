@@ -13,22 +13,28 @@ import hashlib
 import inspect
 import logging
 import os
-import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
+
+import trio
 
 from ..cluster.config import Tuning
+from ..protocol import messages as msg
 from ..protocol.attr import Attr
-from ..protocol.rpc import Session
-from .export import Export, off_loop, pread, pwrite, split_path
+from ..protocol.codec import WireError
+from ..protocol.messages import ChecksumReply, DirEntry, LocateReply, OpendirReply, OpenReply, ReplicaSource
+from ..protocol.rpc import BadRequest, Session
+from .export import Export, off_loop, pread, pwrite, split_path, temporary_name
 from .replicas import STAGED_XATTR, Replica, ReplicaTable, is_marked_copy
 
 log = logging.getLogger(__name__)
 
-#: Largest single read or write a peer may ask for.
-MAX_IO = 4 * 1024 * 1024
+#: Largest single read or write a peer may ask for (msg.Read and msg.Write bound it).
+MAX_IO = msg.MAX_IO
+
 #: Entries in one listdir reply; a bigger directory is read in pages (opendir/readdir),
 #: because one reply must fit in a frame (about 60 bytes an entry, 16 MiB a frame).
 LISTDIR_MAX = 50_000
@@ -59,6 +65,15 @@ class _NodeUsage:
         self.listings = 0
 
 
+@dataclass(frozen=True)
+class _Put:
+    """A put in progress: the file it makes, its temporary beside it, the directories made for it."""
+
+    path: str
+    temporary: str
+    made: tuple[str, ...]
+
+
 class _Handles:
     """Descriptors opened on behalf of one peer connection.
 
@@ -70,8 +85,8 @@ class _Handles:
 
     def __init__(self, usage: _NodeUsage | None = None) -> None:
         self.fds: dict[int, int] = {}
-        self.listings: dict[int, Sequence[Any]] = {}  # directory snapshots being paged through
-        self.puts: dict[int, tuple[str, str]] = {}  # put handle -> (path, temporary file beside it)
+        self.listings: dict[int, list[DirEntry]] = {}  # directory snapshots being paged through
+        self.puts: dict[int, _Put] = {}  # put handle -> what it writes
         self.next = 1
         self.usage = usage or _NodeUsage("this node", Tuning())
         self._busy: dict[int, int] = {}      # handle -> calls running on it
@@ -98,6 +113,10 @@ class _Handles:
             self._closing[handle] = fd
         else:
             os.close(fd)
+
+    def calls_running(self, handle: int) -> int:
+        """Calls on `handle` running now (in a worker thread, or waiting for one)."""
+        return self._busy.get(handle, 0)
 
     def check_room_for_file(self) -> None:
         """EMFILE naming the limit, before anything is opened."""
@@ -138,10 +157,10 @@ class _Handles:
     def get(self, handle: int) -> int:
         try:
             return self.fds[handle]
-        except (KeyError, TypeError):
+        except KeyError:
             raise OSError(errno.EBADF, f"no open handle {handle!r}") from None
 
-    def add_listing(self, entries: Sequence[Any]) -> int:
+    def add_listing(self, entries: list[DirEntry]) -> int:
         handle = self.next
         self.next += 1
         self.listings[handle] = entries
@@ -152,10 +171,10 @@ class _Handles:
         if self.listings.pop(handle, None) is not None:
             self.usage.listings -= 1
 
-    def listing(self, handle: int) -> Sequence[Any]:
+    def listing(self, handle: int) -> list[DirEntry]:
         try:
             return self.listings[handle]
-        except (KeyError, TypeError):
+        except KeyError:
             raise OSError(errno.EBADF, f"no open directory handle {handle!r}") from None
 
     def close_all(self) -> None:
@@ -172,14 +191,16 @@ class IOCounters:
     from this node's export / from other nodes; `write_local`/`write_remote`
     likewise for writes. `served_read`/`served_write`: bytes peers read from
     or wrote to this node's export. Reads the kernel answers from its page
-    cache never reach the daemon and are not counted.
+    cache never reach the daemon and are not counted. `requests_served`:
+    requests this node answered, from peers and clients (`gmount top`'s rate).
     """
 
-    FIELDS = ("read_local", "read_remote", "write_local", "write_remote", "served_read", "served_write")
+    FIELDS = ("read_local", "read_remote", "write_local", "write_remote", "served_read", "served_write",
+              "requests_served")
 
     def __init__(self) -> None:
         self.read_local = self.read_remote = self.write_local = self.write_remote = 0
-        self.served_read = self.served_write = 0
+        self.served_read = self.served_write = self.requests_served = 0
         #: requests this node sent to other nodes, by operation (PeerPool counts them): in the
         #: snapshot as `messages_sent` and `messages.<op>`, so tests and benchmarks count messages/op
         self.messages: Counter[str] = Counter()
@@ -203,17 +224,28 @@ class IOCounters:
         return counts
 
 
-def _int(value: Any, name: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer, not {type(value).__name__}")
-    return value
+def _settable_xattr(name: str) -> str:
+    """Only `user.*` attributes may be set or removed on a peer's request.
+
+    trusted.* and security.* (file capabilities, SELinux labels) need privileges on the
+    holder: a daemon running as root would set them for any peer, and for any user of an
+    allow_other mount. system.posix_acl_* would not be enforced through the mount (the
+    kernel checks mode bits there), so ACLs are refused as by a file system without them.
+    """
+    if not name.startswith("user."):
+        raise OSError(errno.EOPNOTSUPP, f"extended attribute {name!r}: only user.* attributes can be set or removed "
+                                        "through gmount (see docs/posix.md)")
+    return name
 
 
 class NodeService:
-    """Dispatches peer requests to the export. `info` is what `ping` returns."""
+    """Serves peer requests from the export. `info` is what `ping` returns.
 
-    def __init__(self, export: Export, info: dict[str, Any],
-                 extra: dict[str, Callable[..., Awaitable[Any]]] | None = None,
+    Each `op_*` method serves the request type its last parameter names; `extra` (and
+    `add_operations`) are more handler tables (msg.operations), answered before these.
+    """
+
+    def __init__(self, export: Export, info: dict[str, Any], extra: msg.Operations | None = None,
                  replicas: ReplicaTable | None = None, *, tuning: Tuning | None = None) -> None:
         self.export = export
         self.usage = _NodeUsage(str(info.get("node", "this node")), tuning or Tuning())
@@ -221,36 +253,52 @@ class NodeService:
         self._remove_leftover_temporaries()
         self.info = info
         self.counters = IOCounters()
-        self._extra = extra or {}
+        self._extra: msg.Operations = extra if extra is not None else {}
         #: Told of every file a put finished, so this node's own lookups see it at once (the daemon
         #: points it at its locator).
         self.on_created: Callable[[str, Attr], Awaitable[None]] | None = None
-        self._ops: dict[str, Callable[..., Any]] = {
-            name[3:]: getattr(self, name) for name in dir(self) if name.startswith("op_")
-        }
+        self._ops = msg.operations(*(getattr(self, name) for name in dir(type(self)) if name.startswith("op_")))
 
-    def add_operations(self, operations: Mapping[str, Callable[..., Awaitable[Any]]]) -> None:
+    def add_operations(self, operations: msg.Operations) -> None:
         """Serve more operations, answered before the export's own: the node-wide ones the daemon wires in
         (node.control, the directory index)."""
         self._extra.update(operations)
 
     async def dispatch(self, session: Session, op: str, args: list[Any]) -> Any:
-        if op in self._extra:
-            return await self._extra[op](*args)
-        method = self._ops.get(op)
-        if method is None:
+        """A peer's request, as it came: decoded through its message type before any handler runs
+        (arguments that do not fit are refused with EINVAL naming the operation and the field),
+        served, and its reply encoded through the reply's type."""
+        self.counters.requests_served += 1
+        kind = msg.REQUESTS.get(op) or next((kind for kind in self._extra if kind.op == op), None)
+        if kind is None:
             raise OSError(errno.ENOSYS, f"unknown operation {op!r}")
-        if op in HANDLE_OPS:
-            result = method(self._handles(session), *args)
-        elif op in INLINE_OPS or inspect.iscoroutinefunction(method):
-            result = method(*args)
+        try:
+            request = kind.from_wire(args)
+        except WireError as exc:
+            raise BadRequest(f"bad arguments to {op!r} on node {self.usage.node}: {exc}") from None
+        return request.encode_reply(await self.serve(session, request))
+
+    async def serve(self, session: Session, request: msg.Request[msg.R]) -> msg.R:
+        """A typed request served by its handler: its typed reply. (A node's requests to itself come
+        here directly, without a wire form: PeerPool.ask.)"""
+        kind = type(request)
+        handler = self._extra.get(kind)
+        if handler is not None:
+            return await handler(request)  # type: ignore[no-any-return]
+        method = self._ops.get(kind)
+        if method is None:
+            raise OSError(errno.ENOSYS, f"node {self.usage.node} does not serve {request.op!r}")
+        if kind.op in HANDLE_OPS:
+            result = method(self._handles(session), request)
+        elif kind.op in INLINE_OPS or inspect.iscoroutinefunction(method):
+            result = method(request)
         else:
             # Every other operation touches the export's disk: a worker thread keeps a slow
             # disk or a stuck call from stalling the requests of every other caller.
-            return await off_loop(method, *args)
+            return await off_loop(method, request)
         if inspect.iscoroutine(result):
-            return await result
-        return result
+            return await result  # type: ignore[no-any-return]
+        return result  # type: ignore[no-any-return]
 
     def _remove_leftover_temporaries(self) -> None:
         """Stagings interrupted by a crash left their temporary copies: never show them as files."""
@@ -275,18 +323,21 @@ class NodeService:
 
     # -- metadata ----------------------------------------------------------
 
-    def op_ping(self) -> dict[str, Any]:
-        return {**self.info, "pid": os.getpid(), "counters": self.counters.snapshot()}
+    def op_ping(self, request: msg.Ping) -> msg.PingReply:
+        return cast(msg.PingReply, {**self.info, "pid": os.getpid(), "counters": self.counters.snapshot()})
 
-    def op_counters(self) -> dict[str, int]:
+    def op_counters(self, request: msg.Counters) -> dict[str, int]:
         """This node's byte counters (see IOCounters)."""
         return self.counters.snapshot()
 
-    def op_rescan(self) -> int:
+    def op_rescan(self, request: msg.Rescan) -> int:
         """Without a directory index nothing needs telling (the index's ExportWatcher serves it)."""
         return 0
 
-    def op_lookup(self, path: str) -> Attr | None:
+    def op_lookup(self, request: msg.Lookup) -> Attr | None:
+        return self.lookup(request.path)
+
+    def lookup(self, path: str) -> Attr | None:
         """Attributes if this node holds `path`, None if not (a negative is not an error)."""
         if self.replicas.is_staging_temporary(path):
             return None  # a staging copy in progress is nobody's file yet
@@ -309,13 +360,14 @@ class NodeService:
         except OSError:
             return False
 
-    def op_locate(self, path: str) -> tuple[Attr, tuple[str, int, int] | None] | None:
-        """Like lookup, plus (source, size, mtime) when this node's copy is a staged replica."""
-        attr = self.op_lookup(path)
+    def op_locate(self, request: msg.Locate) -> LocateReply | None:
+        """Like lookup, plus the source, its size and mtime when this node's copy is a staged replica."""
+        attr = self.lookup(request.path)
         if attr is None:
             return None
-        replica = self.replica(path, attr)
-        return attr, None if replica is None else (replica.source, replica.source_size, replica.source_mtime_ns)
+        replica = self.replica(request.path, attr)
+        return LocateReply(attr, None if replica is None else
+                           ReplicaSource(replica.source, replica.source_size, replica.source_mtime_ns))
 
     def replica(self, path: str, attr: Attr) -> Replica | None:
         """The replica record of `path` if the file here is still exactly the staged copy."""
@@ -325,61 +377,63 @@ class NodeService:
             return None
         return replica
 
-    def op_drop_replica(self, path: str, source_size: int, source_mtime_ns: int) -> bool:
+    def op_drop_replica(self, request: msg.DropReplica) -> bool:
         """Remove a stale replica (its source changed); never removes an ordinary file."""
-        attr = self.op_lookup(path)
+        path = request.path
+        attr = self.lookup(path)
         replica = self.replicas.get(path)
         if attr is None or replica is None or not replica.matches_local(attr):
             return False
-        if (replica.source_size, replica.source_mtime_ns) != (source_size, source_mtime_ns):
+        if (replica.source_size, replica.source_mtime_ns) != (request.source_size, request.source_mtime_ns):
             return False  # restaged meanwhile
         self.export.unlink(path)
         self.replicas.forget(path)
         return True
 
-    async def op_checksum(self, path: str) -> tuple[int, str]:
+    async def op_checksum(self, request: msg.Checksum) -> ChecksumReply:
         """(size, sha256) of a file here, hashed in a worker thread so the node keeps serving."""
-        def digest() -> tuple[int, str]:
-            fd = self.export.open(path, os.O_RDONLY)
+        def digest() -> ChecksumReply:
+            fd = self.export.open(request.path, os.O_RDONLY)
             try:
                 h = hashlib.sha256()
                 size = 0
                 while chunk := os.read(fd, 1 << 20):
                     h.update(chunk)
                     size += len(chunk)
-                return size, h.hexdigest()
+                return ChecksumReply(size, h.hexdigest())
             finally:
                 os.close(fd)
 
         return await off_loop(digest)
 
-    def op_listdir(self, path: str) -> Sequence[tuple[str, Attr] | tuple[str, Attr, str]] | None:
-        """Entries with attributes; a staged replica's entry carries its source node third.
+    def op_listdir(self, request: msg.Listdir) -> list[DirEntry] | None:
+        """Entries with attributes; a staged replica's entry carries its source node.
 
         EFBIG for a directory of more than LISTDIR_MAX entries: read it with opendir/readdir.
         """
-        entries = self._listing(path)
+        entries = self.listing(request.path)
         if entries is not None and len(entries) > LISTDIR_MAX:
-            raise OSError(errno.EFBIG, f"{path} has {len(entries)} entries: list it in pages (opendir)")
+            raise OSError(errno.EFBIG, f"{request.path} has {len(entries)} entries: list it in pages (opendir)")
         return entries
 
-    async def op_opendir(self, handles: _Handles, path: str) -> tuple[int, int] | None:
+    async def op_opendir(self, handles: _Handles, request: msg.Opendir) -> OpendirReply | None:
         """Snapshot a directory's listing for paging: (handle, number of entries), None if absent."""
         handles.check_room_for_listing()
-        entries = await off_loop(self._listing, path)
+        entries = await off_loop(self.listing, request.path)
         if entries is None:
             return None
-        return handles.add_listing(entries), len(entries)
+        return OpendirReply(handles.add_listing(entries), len(entries))
 
-    def op_readdir(self, handles: _Handles, handle: int, start: int, count: int) -> Sequence[Any]:
-        listing = handles.listing(handle)
-        count = min(_int(count, "count"), LISTDIR_MAX)
-        return listing[_int(start, "start"):start + count]
+    def op_readdir(self, handles: _Handles, request: msg.Readdir) -> list[DirEntry]:
+        listing = handles.listing(request.handle)
+        return listing[request.start:request.start + min(request.count, LISTDIR_MAX)]
 
-    def op_closedir(self, handles: _Handles, handle: int) -> None:
-        handles.drop_listing(handle)
+    def op_closedir(self, handles: _Handles, request: msg.Closedir) -> None:
+        handles.drop_listing(request.handle)
 
-    def _listing(self, path: str) -> Sequence[tuple[str, Attr] | tuple[str, Attr, str]] | None:
+    def listing(self, path: str) -> list[DirEntry] | None:
+        """This node's entries of directory `path` (None: no such directory here), staged replicas
+        with their source node, staging copies left out."""
         try:
             entries = self.export.listdir(path)
         except OSError as exc:
@@ -388,185 +442,198 @@ class NodeService:
             raise
         prefix = path.rstrip("/") + "/"
         if self.replicas.damaged is not None:
-            return [(name, attr) for name, attr in entries if not self._marked_copy(prefix + name, attr)]
+            return [DirEntry(name, attr) for name, attr in entries if not self._marked_copy(prefix + name, attr)]
         if not len(self.replicas) and not self.replicas.leftover_temporaries():
-            return entries
-        result: list[tuple[str, Attr] | tuple[str, Attr, str]] = []
+            return [DirEntry(name, attr) for name, attr in entries]
+        result: list[DirEntry] = []
         for name, attr in entries:
             if self.replicas.is_staging_temporary(prefix + name):
                 continue
             replica = self.replica(prefix + name, attr) if self.replicas.get(prefix + name) else None
-            result.append((name, attr) if replica is None else (name, attr, replica.source))
+            result.append(DirEntry(name, attr, None if replica is None else replica.source))
         return result
 
-    def op_statfs(self) -> tuple[int, ...]:
+    def op_statfs(self, request: msg.Statfs) -> tuple[int, ...]:
         return self.export.statfs()
 
-    def op_readlink(self, path: str) -> str:
-        return self.export.readlink(path)
+    def op_readlink(self, request: msg.Readlink) -> str:
+        return self.export.readlink(request.path)
 
-    def op_mkdir(self, path: str, mode: int) -> Attr:
-        return self.export.mkdir(path, _int(mode, "mode"))
+    def op_mkdir(self, request: msg.Mkdir) -> Attr:
+        return self.export.mkdir(request.path, request.mode)
 
-    def op_unlink(self, path: str) -> None:
+    def op_unlink(self, request: msg.Unlink) -> None:
+        self.unlink(request.path)
+
+    def unlink(self, path: str) -> None:
         self.export.unlink(path)
         self.replicas.forget(path)
 
-    def op_rmdir(self, path: str) -> None:
-        self.export.rmdir(path)
+    def op_rmdir(self, request: msg.Rmdir) -> None:
+        self.export.rmdir(request.path)
 
-    def op_rename(self, src: str, dst: str) -> None:
-        self.export.rename(src, dst)
-        self.replicas.renamed(src, dst)
+    def op_rename(self, request: msg.Rename) -> None:
+        self.export.rename(request.src, request.dst)
+        self.replicas.renamed(request.src, request.dst)
 
-    def op_chmod(self, path: str, mode: int) -> Attr:
-        return self.export.chmod(path, _int(mode, "mode"))
+    def op_chmod(self, request: msg.Chmod) -> Attr:
+        return self.export.chmod(request.path, request.mode)
 
-    def op_truncate(self, path: str, size: int) -> Attr:
-        return self.export.truncate(path, _int(size, "size"))
+    def op_truncate(self, request: msg.Truncate) -> Attr:
+        return self.export.truncate(request.path, request.size)
 
-    def op_utimens(self, path: str, atime_ns: int | None, mtime_ns: int | None) -> Attr:
-        return self.export.utimens(path, atime_ns, mtime_ns)
+    def op_utimens(self, request: msg.Utimens) -> Attr:
+        return self.export.utimens(request.path, request.atime_ns, request.mtime_ns)
 
-    def op_symlink(self, target: str, path: str) -> Attr:
-        return self.export.symlink(target, path)
+    def op_symlink(self, request: msg.Symlink) -> Attr:
+        return self.export.symlink(request.target, request.path)
 
-    def op_mknod(self, path: str, mode: int, rdev: int) -> Attr:
-        return self.export.mknod(path, _int(mode, "mode"), _int(rdev, "rdev"))
+    def op_mknod(self, request: msg.Mknod) -> Attr:
+        return self.export.mknod(request.path, request.mode, request.rdev)
 
-    def op_link(self, src: str, dst: str) -> Attr:
-        return self.export.link(src, dst)
+    def op_link(self, request: msg.Link) -> Attr:
+        return self.export.link(request.src, request.dst)
 
-    def op_chown(self, path: str, uid: int, gid: int) -> Attr:
-        return self.export.chown(path, _int(uid, "uid"), _int(gid, "gid"))
+    def op_chown(self, request: msg.Chown) -> Attr:
+        return self.export.chown(request.path, request.uid, request.gid)
 
-    def op_getxattr(self, path: str, name: str) -> bytes:
-        return self.export.getxattr(path, name)
+    def op_getxattr(self, request: msg.Getxattr) -> bytes:
+        return self.export.getxattr(request.path, request.name)
 
-    def op_setxattr(self, path: str, name: str, value: bytes) -> None:
-        self.export.setxattr(path, name, value)
+    def op_setxattr(self, request: msg.Setxattr) -> None:
+        self.export.setxattr(request.path, _settable_xattr(request.name), request.value)
 
-    def op_listxattr(self, path: str) -> list[str]:
-        return self.export.listxattr(path)
+    def op_listxattr(self, request: msg.Listxattr) -> list[str]:
+        return self.export.listxattr(request.path)
 
-    def op_removexattr(self, path: str, name: str) -> None:
-        self.export.removexattr(path, name)
+    def op_removexattr(self, request: msg.Removexattr) -> None:
+        self.export.removexattr(request.path, _settable_xattr(request.name))
 
     # -- file data, through handles owned by the connection ----------------
 
-    async def op_open(self, handles: _Handles, path: str, flags: int) -> tuple[int, Attr]:
+    async def op_open(self, handles: _Handles, request: msg.Open) -> OpenReply:
         handles.check_room_for_file()
 
         def open_and_stat() -> tuple[int, Attr]:
-            fd = self.export.open(path, _int(flags, "flags"))
+            fd = self.export.open(request.path, request.flags)
             try:
-                return fd, Attr.from_stat(os.fstat(fd))
+                return fd, self.export.attr(os.fstat(fd))
             except OSError:
                 os.close(fd)
                 raise
 
         # Like a lookup, an open stays on the event loop unless it truncates (see INLINE_OPS).
-        fd, attr = await off_loop(open_and_stat) if _int(flags, "flags") & os.O_TRUNC else open_and_stat()
-        return handles.add(fd), attr
+        fd, attr = await off_loop(open_and_stat) if request.flags & os.O_TRUNC else open_and_stat()
+        return OpenReply(handles.add(fd), attr)
 
-    async def op_read(self, handles: _Handles, handle: int, offset: int, size: int) -> bytes:
-        if not 0 <= _int(size, "size") <= MAX_IO:
-            raise OSError(errno.EINVAL, f"read size {size} outside 0..{MAX_IO}")
-        with handles.using(handle) as fd:
-            data = await pread(fd, size, _int(offset, "offset"))
+    async def op_read(self, handles: _Handles, request: msg.Read) -> bytes:
+        with handles.using(request.handle) as fd:
+            data = await pread(fd, request.size, request.offset)
         self.counters.served_read += len(data)
         return data
 
-    async def op_write(self, handles: _Handles, handle: int, offset: int, data: bytes) -> int:
-        if not isinstance(data, bytes) or len(data) > MAX_IO:
-            raise OSError(errno.EINVAL, "write data must be bytes of at most 4 MiB")
-        with handles.using(handle) as fd:
-            written = await pwrite(fd, data, _int(offset, "offset"))
+    async def op_write(self, handles: _Handles, request: msg.Write) -> int:
+        with handles.using(request.handle) as fd:
+            written = await pwrite(fd, request.data, request.offset)
         self.counters.served_write += written
         return written
 
-    async def op_fsync(self, handles: _Handles, handle: int, datasync: bool) -> None:
-        with handles.using(handle) as fd:
-            await off_loop(os.fdatasync if datasync else os.fsync, fd)
+    async def op_fsync(self, handles: _Handles, request: msg.Fsync) -> None:
+        with handles.using(request.handle) as fd:
+            await off_loop(os.fdatasync if request.datasync else os.fsync, fd)
 
-    def op_fstat(self, handles: _Handles, handle: int) -> Attr:
-        return Attr.from_stat(os.fstat(handles.get(handle)))  # the inode is in memory: never waits
+    def op_fstat(self, handles: _Handles, request: msg.Fstat) -> Attr:
+        return self.export.attr(os.fstat(handles.get(request.handle)))  # the inode is in memory: never waits
 
-    async def op_ftruncate(self, handles: _Handles, handle: int, size: int) -> Attr:
-        with handles.using(handle) as fd:
+    async def op_ftruncate(self, handles: _Handles, request: msg.Ftruncate) -> Attr:
+        with handles.using(request.handle) as fd:
             def truncate() -> Attr:
-                os.ftruncate(fd, _int(size, "size"))
-                return Attr.from_stat(os.fstat(fd))
+                os.ftruncate(fd, request.size)
+                return self.export.attr(os.fstat(fd))
             return await off_loop(truncate)
 
-    def op_close(self, handles: _Handles, handle: int) -> None:
-        handles.close(handle)
+    def op_close(self, handles: _Handles, request: msg.Close) -> None:
+        handles.close(request.handle)
 
     # -- whole files written from outside the mount (library API, fsspec, Snakemake storage) ----
     #
     # put_open makes a hidden temporary file beside the destination (parents made
     # here), the data comes with `write` on that handle, and put_close checks size
     # and SHA-256 of what landed on disk before renaming it into place, so a
-    # reader never sees a half-written file and a failed put leaves nothing.
+    # reader never sees a half-written file and a failed put leaves nothing. Every
+    # disk call runs in a worker thread; a finished put is durable (the file, its
+    # directory and any directory made for it are fsynced) before put_close answers.
+    # A descriptor is closed only once no call on it is running: a write still
+    # waiting for a disk thread when the put is given up must not land in whatever
+    # file is opened next under the same descriptor number.
 
-    def op_put_open(self, handles: _Handles, path: str, mode: int) -> int:
+    async def op_put_open(self, handles: _Handles, request: msg.PutOpen) -> int:
         """Start writing `path` into this export; the handle takes `write` calls."""
+        path = request.path
         if not split_path(path):
             raise OSError(errno.EISDIR, "/ is the export root, not a file")
-        directory, _, name = path.rpartition("/")
-        temporary = f"{directory}/.{name}.gmount-put-{uuid.uuid4().hex[:8]}"
+        temporary = temporary_name(path, "put")
         handles.check_room_for_file()
-        fd = self.export.create(temporary, os.O_RDWR | os.O_EXCL, _int(mode, "mode") & 0o7777)
+        made: list[str] = []
+        fd = await off_loop(self.export.create, temporary, os.O_RDWR | os.O_EXCL, request.mode & 0o7777, True, made)
         handle = handles.add(fd)
-        handles.puts[handle] = (path, temporary)
+        handles.puts[handle] = _Put(path, temporary, tuple(made))
         return handle
 
-    async def op_put_close(self, handles: _Handles, handle: int, size: int, sha256: str) -> Attr:
+    async def op_put_close(self, handles: _Handles, request: msg.PutClose) -> Attr:
         """Finish a put: verify what is on disk against (size, sha256), then rename it into place."""
-        path, temporary = self._put(handles, handle)
-        fd = handles.remove(handle)
+        handle, size, sha256 = request.handle, request.size, request.sha256
+        put = self._put(handles, handle)
         del handles.puts[handle]
         try:
-            written, digest = await off_loop(sync_and_hash, fd)
+            with handles.using(handle) as fd:
+                handles.close(handle)  # no call may start on it now; closed when the last one returns
+                if handles.calls_running(handle) > 1:
+                    raise OSError(errno.EBUSY, f"{put.path}: writes to it are still running on node "
+                                               f"{self.usage.node}; write it again")
+                written, digest = await off_loop(sync_and_hash, fd)
         except BaseException:
-            os.close(fd)
-            self._unlink_quietly(temporary)
+            with trio.CancelScope(shield=True):
+                await off_loop(self._unlink_quietly, put.temporary)
             raise
-        os.close(fd)
-        if (written, digest) != (_int(size, "size"), sha256):
-            self._unlink_quietly(temporary)
-            raise OSError(errno.EIO, f"{path}: {written} bytes with sha256 {digest[:16]}... landed on disk, "
-                                     f"expected {size} bytes with sha256 {str(sha256)[:16]}...; write it again")
-        try:
-            self.export.rename(temporary, path)
-        except BaseException:
-            self._unlink_quietly(temporary)
-            raise
-        self.replicas.forget(path)  # a replica overwritten here is now this node's own file
-        attr = self.export.lstat(path)
+        if (written, digest) != (size, sha256):
+            await off_loop(self._unlink_quietly, put.temporary)
+            raise OSError(errno.EIO, f"{put.path}: {written} bytes with sha256 {digest[:16]}... landed on disk, "
+                                     f"expected {size} bytes with sha256 {sha256[:16]}...; write it again")
+        attr = await off_loop(self._finish_put, put)
         if self.on_created is not None:
-            await self.on_created(path, attr)
+            await self.on_created(put.path, attr)
         return attr
 
-    def op_put_abort(self, handles: _Handles, handle: int) -> None:
+    def _finish_put(self, put: _Put) -> Attr:
+        """Rename the verified temporary into place, durably (worker thread)."""
+        try:
+            self.export.rename(put.temporary, put.path)
+        except BaseException:
+            self._unlink_quietly(put.temporary)
+            raise
+        self.replicas.forget(put.path)  # a replica overwritten here is now this node's own file
+        self.export.sync_parents(put.path, list(put.made))
+        return self.export.lstat(put.path)
+
+    async def op_put_abort(self, handles: _Handles, request: msg.PutAbort) -> None:
         """Give up a put: its temporary file goes away, the destination is untouched."""
-        _, temporary = self._put(handles, handle)
-        fd = handles.remove(handle)
-        del handles.puts[handle]
-        os.close(fd)
-        self._unlink_quietly(temporary)
+        put = self._put(handles, request.handle)
+        del handles.puts[request.handle]
+        handles.close(request.handle)  # at once, or when the last write running on it returns
+        await off_loop(self._unlink_quietly, put.temporary)
 
     @staticmethod
-    def _put(handles: _Handles, handle: int) -> tuple[str, str]:
+    def _put(handles: _Handles, handle: int) -> _Put:
         try:
             return handles.puts[handle]
-        except (KeyError, TypeError):
-            raise OSError(errno.EBADF, f"no put in progress on handle {handle!r}") from None
+        except KeyError:
+            raise OSError(errno.EBADF, f"no put in progress on handle {handle}") from None
 
     def _drop_puts(self, handles: _Handles) -> None:
         """The connection ended mid-put: remove the temporary files (close_all closes their fds)."""
-        for _, temporary in handles.puts.values():
-            self._unlink_quietly(temporary)
+        for put in handles.puts.values():
+            self._unlink_quietly(put.temporary)
 
     def _unlink_quietly(self, path: str) -> None:
         try:

@@ -16,13 +16,12 @@ import errno
 import logging
 import os
 import time
-import uuid
 
 from .._trio import open_nursery
 from ..protocol import messages as msg
 from ..protocol.attr import Attr
 from ..protocol.messages import StageReply
-from .export import Export, off_loop
+from .export import Export, off_loop, temporary_name
 from .locator import Location
 from .namespace import Namespace
 from .replicas import STAGED_XATTR, Replica, staged_mark
@@ -57,8 +56,7 @@ async def stage_file(namespace: Namespace, service: NodeService, path: str) -> S
     if service.replicas.damaged is not None:
         raise OSError(errno.EIO, f"node {namespace.me} cannot stage {path}: its replica table is damaged "
                                  f"({service.replicas.damaged}); see that node's log for how to repair it")
-    directory, name = path.rsplit("/", 1)
-    temporary = f"{directory}/.{name}.gmount-stage-{uuid.uuid4().hex[:8]}"
+    temporary = temporary_name(path, "stage")  # carries STAGING_MARKER: the bypass never serves it
     # Durably noted first: a daemon killed mid-copy removes the temporary when it starts again.
     await off_loop(service.replicas.begin_staging, temporary, path)
     try:
@@ -133,12 +131,12 @@ def _mark(export: Export, temporary: str, replica: Replica) -> None:
 def _drop_old_copy(service: NodeService, path: str) -> None:
     """A stale replica of ours at `path` goes before its successor is recorded (a crash in between
     must not leave it unrecorded); an original that appeared here meanwhile is never replaced."""
-    attr = service.op_lookup(path)
+    attr = service.lookup(path)
     if attr is None:
         return
     if service.replica(path, attr) is None:
         raise FileExistsError(errno.EEXIST, f"{path} was created on this node while it was being staged")
-    service.op_unlink(path)
+    service.unlink(path)
 
 
 def _rename_durably(export: Export, temporary: str, path: str) -> None:

@@ -8,12 +8,18 @@ the fsspec backend and the launcher open one with `open_client(state)`; a
 daemon's `PeerPool` is one too, with its own policy (peers marked down,
 message counters) on top.
 
+A request that made a node open something (`open`, `opendir`, `put_open`)
+and whose reply came after its caller gave up (a timeout, a cancelled read)
+is undone on the same connection (`close`, `closedir`, `put_abort`), so lost
+replies leave no descriptor behind on the node (LATE_REPLY_RELEASES).
+
 `call`/`ask` and `run_sync` are the short forms for one request from
 synchronous code (a short-lived trio run per call).
 """
 
 from __future__ import annotations
 
+import datetime
 import errno
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -23,11 +29,11 @@ from typing import Any, TypeVar
 import trio
 
 from .._trio import open_nursery
-from ..cluster.state import ClusterState, load_secret, load_tls
-from ..errors import NodeUnavailable, PeerUnavailable
+from ..cluster.state import ClusterState, load_secret, load_tls, load_tls_ca_key
+from ..errors import GmountError, NodeUnavailable, PeerUnavailable
 from . import rpc
-from .messages import Ping, PingReply, R, Request
-from .tls import client_context
+from .messages import Close, Closedir, Open, Opendir, Ping, PingReply, PutAbort, PutOpen, R, Request
+from .tls import ClusterCA, NodeCredentials, client_context, expiring
 
 __all__ = ["ClusterClient", "ask", "call", "client_ssl", "open_client", "ping_all", "run_sync"]
 
@@ -35,6 +41,26 @@ T = TypeVar("T")
 
 #: (host, port) a node's daemon listens on.
 Address = tuple[str, int]
+
+
+def _release_open(reply: Any) -> tuple[str, list[Any]]:
+    return Close.op, Close(Open("/", 0).reply_codec().decode(reply).handle).to_wire()
+
+
+def _release_opendir(reply: Any) -> tuple[str, list[Any]] | None:
+    opened = Opendir("/").reply_codec().decode(reply)
+    return None if opened is None else (Closedir.op, Closedir(opened.handle).to_wire())
+
+
+def _release_put(reply: Any) -> tuple[str, list[Any]]:
+    return PutAbort.op, PutAbort(PutOpen("/", 0).reply_codec().decode(reply)).to_wire()
+
+
+#: Requests that leave a handle on the node, and the request that lets go of it when their
+#: reply comes too late for its caller.
+LATE_REPLY_RELEASES: dict[str, rpc.Release] = {
+    Open.op: _release_open, Opendir.op: _release_opendir, PutOpen.op: _release_put,
+}
 
 
 class ClusterClient:
@@ -74,6 +100,11 @@ class ClusterClient:
         self._connections: dict[str, rpc.RpcClient] = {}
         self._locks: dict[str, trio.Lock] = {}
 
+    @property
+    def secret(self) -> bytes:
+        """The cluster secret this client proves (and names certificates with, see tls.certificate_name)."""
+        return self._secret
+
     # -- the address table -----------------------------------------------------
 
     @property
@@ -110,7 +141,7 @@ class ClusterClient:
 
     async def ask(self, node: str, request: Request[R], *, timeout: float | None = None) -> R:
         """`call` with a typed request (gmountpy.protocol.messages): the reply comes back checked and typed."""
-        return request.decode(await self.call(node, request.op, *request.args(), timeout=timeout))
+        return request.decode(await self.call(node, request.op, *request.to_wire(), timeout=timeout))
 
     async def connection(self, node: str) -> rpc.RpcClient:
         """The open connection to `node`, made now if there is none (one connect at a time per node)."""
@@ -127,7 +158,7 @@ class ClusterClient:
             try:
                 connection = await rpc.connect(self._nursery, host, port, secret=self._secret, name=self.name,
                                                peer=node, timeout=self.connect_timeout,
-                                               ssl_context=self._ssl_context)
+                                               ssl_context=self._ssl_context, releases=LATE_REPLY_RELEASES)
             except PeerUnavailable as exc:
                 self._failed(node, exc)
                 raise self._translate(node, exc) from None
@@ -146,7 +177,8 @@ class ClusterClient:
         """Raise PeerUnavailable to refuse a request to `node` before trying it (no policy here)."""
 
     def _failed(self, node: str, exc: PeerUnavailable) -> None:
-        """`node` could not be reached or did not answer (no policy here)."""
+        """`node` could not be reached, its connection broke, or a request got no reply in time
+        (rpc.RequestTimedOut; the connection is still up) -- no policy here."""
 
     def _connected(self, node: str) -> None:
         """A new connection to `node` is up (no policy here)."""
@@ -164,12 +196,31 @@ class ClusterClient:
         return NodeUnavailable(node, reason + advice, exc.errno or errno.EHOSTDOWN)
 
 
-def client_ssl(state: ClusterState) -> ssl.SSLContext | None:
-    """The TLS context for talking to this cluster's daemons (None when it does not use TLS)."""
+#: (cluster, CA certificate, client name, secret given) -> the certificate this process presents.
+_client_certificates: dict[tuple[str, str, str, bytes | None], NodeCredentials] = {}
+
+
+def client_ssl(state: ClusterState, name: str = "gmount-client", secret: bytes | None = None
+               ) -> ssl.SSLContext | None:
+    """The TLS context for talking to this cluster's daemons as `name` (None when it does not use TLS).
+
+    Daemons ask for a client certificate: this process makes itself one for
+    `name`, valid a day, from the CA key the launcher keeps beside the cluster
+    state (mode 0600, like the secret).
+    """
     if not state.spec.tls:
         return None
     ca_pem, _ = load_tls(state.name)
-    return client_context(ca_pem)
+    key = (state.name, ca_pem, name, secret)
+    credentials = _client_certificates.get(key)
+    if credentials is None or expiring(credentials.cert, datetime.timedelta(hours=1)):
+        ca_key = load_tls_ca_key(state.name)
+        if ca_key is None:
+            raise GmountError(f"cluster {state.name!r} uses TLS, but the key of its CA is not kept in this user's "
+                              "state: a client cannot get a certificate; run `gmount down` and `gmount up` again")
+        credentials = _client_certificates[key] = ClusterCA(ca_pem, ca_key).issue_client(
+            name, secret=secret if secret is not None else load_secret(state.name))
+    return client_context(ca_pem, credentials)
 
 
 def status_advice(state: ClusterState) -> str:
@@ -189,7 +240,7 @@ async def open_client(state: ClusterState, *, name: str = "gmount-client", secre
     """
     key = secret if secret is not None else load_secret(state.name)
     async with open_nursery() as nursery:
-        client = ClusterClient(nursery, key, name=name, cluster=state.name, ssl_context=client_ssl(state),
+        client = ClusterClient(nursery, key, name=name, cluster=state.name, ssl_context=client_ssl(state, name, key),
                                addresses={n: (r.host, r.port) for n, r in state.nodes.items()},
                                rpc_timeout=rpc_timeout, connect_timeout=connect_timeout,
                                advice=status_advice(state) if advise else "")
@@ -216,7 +267,7 @@ async def call(state: ClusterState, node: str, op: str, *args: Any, timeout: flo
 async def ask(state: ClusterState, node: str, request: Request[R], *, timeout: float = 10.0,
               secret: bytes | None = None) -> R:
     """`call` with a typed request (gmountpy.protocol.messages): the reply comes back checked and typed."""
-    return request.decode(await call(state, node, request.op, *request.args(), timeout=timeout, secret=secret))
+    return request.decode(await call(state, node, request.op, *request.to_wire(), timeout=timeout, secret=secret))
 
 
 async def ping_all(state: ClusterState, timeout: float = 3.0) -> dict[str, PingReply | str]:

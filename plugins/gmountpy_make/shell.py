@@ -1,4 +1,10 @@
-"""gmount-sh: make's SHELL under gmount.mk -- run one recipe on the node that holds its prerequisites.
+"""gmount-sh: run one recipe on the node that holds its prerequisites -- the Python path.
+
+make's SHELL under gmount.mk is the C program gmount-job, which asks the node
+daemon where a recipe goes and runs it there; it hands over to this wrapper
+for nodes on other machines (SSH clusters; GMOUNT_PLACED_NODE names the node
+it chose) and when the daemon has no job socket (then this wrapper places the
+recipe itself, asking the mount). Used directly as SHELL, it does it all.
 
 make calls `gmount-sh -c RECIPE` (or with its .SHELLFLAGS) for every recipe
 line (one call per recipe with .ONESHELL), with GMOUNT_TARGET=$@ and
@@ -26,6 +32,10 @@ API is loaded only to reach SSH nodes. The recipe starts with posix_spawn
   recipes itself.
 - stdout, stderr and stdin are the recipe's own; the exit status is the
   recipe's (a recipe killed by a signal kills gmount-sh with that signal).
+  A failed recipe adds one line naming its node, before make's own error.
+- Not inside a running cluster's mount: the recipe runs here, with a notice
+  (gmount.mk's check, `gmount-sh --gmount-check`, normally sees that first
+  and leaves make's SHELL alone).
 - One JSON line per recipe goes to $GMOUNT_PLACEMENT_LOG.
 """
 
@@ -35,7 +45,8 @@ import os
 import sys
 import time
 
-from gmountpy.cluster import mounts
+from gmountpy.cluster import mounts, registry
+from gmountpy.jobs import bypass
 from gmountpy.jobs.planned import planned_node
 
 TYPE_CHECKING = False  # typing is not imported at run time: it costs more than a small recipe
@@ -52,7 +63,7 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 #: Variables that describe the recipe to gmount-sh only: a sub-make started by
 #: the recipe must not see its parent's target (its own $(shell ...) would be
 #: taken for a recipe).
-PRIVATE_VARIABLES = ("GMOUNT_TARGET", "GMOUNT_DEPS")
+PRIVATE_VARIABLES = ("GMOUNT_TARGET", "GMOUNT_DEPS", "GMOUNT_PLACED_NODE")
 
 
 def main() -> None:
@@ -60,29 +71,57 @@ def main() -> None:
     shell = os.environ.get("GMOUNT_RECIPE_SHELL") or "/bin/sh"
     target = os.environ.get("GMOUNT_TARGET", "")
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # Python ignores it; recipes must not inherit that
+    if args == ["--gmount-check"]:
+        check()
+        return
     if not target or not args:
         os.execv(shell, [shell, *args])
     args[-1] = strip_oneshell_prefixes(args[-1])
     cwd = os.getcwd()
     found = mounts.find(cwd)
-    if found is None:
-        fail(f"cannot place target {target}: {cwd} is not inside a running gmount cluster's mount on this "
-             "machine; run make inside a mount (cd <mountpoint>/...), or drop the gmount.mk include", 2)
+    if found is None:  # gmount.mk's check makes this rare: SHELL set by hand
+        print(f"gmount: {cwd} is not inside a running gmount cluster's mount on this machine: the recipe of "
+              f"{target} runs here", file=sys.stderr)
+        os.execv(shell, [shell, *args])
     cluster, here, ns_dir = found
     holdings = cluster.holdings(os.environ.get("GMOUNT_DEPS", "").split(), cwd)
-    node = choose(cluster, here, holdings)
+    placed = os.environ.get("GMOUNT_PLACED_NODE", "")  # chosen by the node daemon (gmount-job)
+    node = placed if placed in cluster.nodes else choose(cluster, here, holdings)
     command = [shell, *args]
     started = time.monotonic()
     if cluster.nodes[node].remote and node != here:  # make's own node runs its recipes itself
-        status = run_over_ssh(cluster, node, ns_dir, command)
+        status, quiet = run_over_ssh(cluster, node, ns_dir, command)
     else:
-        status = run_local(cluster, node, ns_dir, command, target)
+        status, quiet = run_local(cluster, node, ns_dir, command, target)
     log(cluster, target, node, here, ns_dir, holdings, time.monotonic() - started, status)
+    if status and not quiet:
+        say_failure(target, node, status)
     if status < 0:  # killed by a signal: die the same way, so make reports it as it would for /bin/sh
         signal.signal(-status, signal.SIG_DFL)
         os.kill(os.getpid(), -status)
         status = 128 - status
     sys.exit(status)
+
+
+def check() -> None:
+    """`gmount-sh --gmount-check` (gmount.mk, once per run of make): "place <time>-<make's pid>" if recipes
+    run from here are placed (the stamp names the run's placement log), else "local <why>" -- then make
+    runs them as plain make does, and says why once."""
+    cwd = os.getcwd()
+    if mounts.find(cwd) is None:
+        print(f"local {cwd} is not inside a running gmount cluster's mount on this machine")
+    else:
+        print(f"place {time.strftime('%Y%m%dT%H%M%S')}-{os.getppid()}")
+
+
+def say_failure(target: str, node: str, status: int) -> None:
+    """The line before make's own error: which node the recipe failed on, and how."""
+    if status > 0:
+        print(f"gmount: target {target} failed on node {node}: its recipe exited with status {status}",
+              file=sys.stderr)
+    else:
+        print(f"gmount: target {target} failed on node {node}: its recipe was killed by signal {-status} "
+              f"({signal.strsignal(-status)})", file=sys.stderr)
 
 
 def choose(cluster: mounts.MountedCluster, here: str, holdings: dict[str, dict[str, int]]) -> str:
@@ -108,11 +147,14 @@ def choose(cluster: mounts.MountedCluster, here: str, holdings: dict[str, dict[s
     return decision.node
 
 
-def run_local(cluster: mounts.MountedCluster, node: str, ns_dir: str, command: list[str], target: str) -> int:
-    """Run `command` in `node`'s mount as a child in its own process group; its wait status as an exit code."""
+def run_local(cluster: mounts.MountedCluster, node: str, ns_dir: str, command: list[str],
+              target: str) -> tuple[int, bool]:
+    """Run `command` in `node`'s mount as a child in its own process group: (its wait status as an exit
+    code, whether a failure is already told: not started, or stopped by make's interrupt)."""
     workdir = cluster.path_on(node, ns_dir)
     env = {k: v for k, v in os.environ.items() if k not in PRIVATE_VARIABLES}
     env.update(GMOUNT_NODE=node, GMOUNT_SITE=cluster.nodes[node].site, GMOUNT_CLUSTER=cluster.name, PWD=workdir)
+    env.update(bypass.job_environment(env))  # the node's own files straight from its export
     child = 0
     received: list[int] = []
     original = {sig: signal.getsignal(sig) for sig in FORWARDED}
@@ -143,13 +185,14 @@ def run_local(cluster: mounts.MountedCluster, node: str, ns_dir: str, command: l
             signal.signal(sig, original[sig])
         print(f"gmount-sh: cannot run the recipe of {target} on node {node} in {workdir}: {exc.strerror or exc}",
               file=sys.stderr)
-        return 127
+        return 127, True
+    registry.register(cluster.name, node, target, child, kind="make", directory=ns_dir)  # for `gmount top`
     if received:  # came while starting it
         forward(received[-1], None)
     _, status = os.waitpid(child, 0)
     if received:
         stop_group(child)
-    return os.waitstatus_to_exitcode(status)
+    return os.waitstatus_to_exitcode(status), bool(received)
 
 
 def stop_group(group: int, grace: float = 2.0) -> None:
@@ -176,9 +219,10 @@ def stop_group(group: int, grace: float = 2.0) -> None:
 SSH_FORWARDED = ("MAKELEVEL", "GMOUNT_PLACEMENT_LOG", "GMOUNT_RECIPE_SHELL")
 
 
-def run_over_ssh(cluster: mounts.MountedCluster, node: str, ns_dir: str, command: list[str]) -> int:
+def run_over_ssh(cluster: mounts.MountedCluster, node: str, ns_dir: str, command: list[str]) -> tuple[int, bool]:
     """Run `command` on an SSH node (public `Cluster.spawn`): output streams as it comes, and
-    Ctrl-C, SIGTERM or SIGHUP to make stops the command's whole process group on that node."""
+    Ctrl-C, SIGTERM or SIGHUP to make stops the command's whole process group on that node.
+    (Exit status, whether stopped by make's interrupt), as `run_local`."""
     import shlex
 
     from gmountpy.api import Cluster
@@ -199,12 +243,12 @@ def run_over_ssh(cluster: mounts.MountedCluster, node: str, ns_dir: str, command
         if signal.getsignal(sig) != signal.SIG_IGN:  # ignored (make run in the background): stays so
             signal.signal(sig, stop)
     try:
-        return job.wait()
+        return job.wait(), False
     except KeyboardInterrupt:
         for sig in FORWARDED:
             signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the cleanup
         job.stop(grace=2.0)
-        return -(stopped_by[0] if stopped_by else signal.SIGINT)
+        return -(stopped_by[0] if stopped_by else signal.SIGINT), True
 
 
 def log(cluster: mounts.MountedCluster, target: str, node: str, make_node: str, ns_dir: str,
@@ -218,7 +262,7 @@ def log(cluster: mounts.MountedCluster, target: str, node: str, make_node: str, 
     remote = sum(max(held.values()) for held in located if node not in held)
     line = json_line({"target": target, "node": node, "make_node": make_node, "cluster": cluster.name,
                       "cwd": ns_dir, "inputs": len(holdings), "bytes_local": local, "bytes_remote": remote,
-                      "seconds": round(seconds, 6), "status": status, "time": time.time()})
+                      "seconds": round(seconds, 6), "status": status, "time": time.time(), "via": "python"})
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

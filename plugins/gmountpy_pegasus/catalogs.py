@@ -8,7 +8,8 @@
   directory per node, because on an SSH cluster every node mounts the same
   namespace at the same path and two sites must not write the same names);
   a ``condor`` ``requirements`` profile names the node's host; an ``env``
-  profile tells jobs their GMOUNT_NODE and GMOUNT_CLUSTER.
+  profile tells jobs their GMOUNT_NODE and GMOUNT_CLUSTER (and, for a node on
+  this machine, preloads the local bypass: docs/bypass.md).
 - ``replicas.yml``: every workflow input (a file some job reads and no job
   writes) that the namespace holds, once per holder node: site = the holder,
   pfn = the file in that node's mount, and the holder's export path (the
@@ -56,6 +57,7 @@ from Pegasus.api import (
 
 from gmountpy.api import Cluster, FileLocations
 from gmountpy.errors import GmountError
+from gmountpy.jobs import bypass
 from gmountpy.jobs.placement import choose_node
 
 __all__ = ["SELECTOR_SCRIPT", "Prepared", "catalog_properties", "prepare", "replica_catalog", "selector_properties",
@@ -300,6 +302,8 @@ def site_catalog(cluster: Cluster, base: str = "pegasus") -> SiteCatalog:
         site.add_condor_profile(requirements=f'(Machine == "{host}")')
         site.add_pegasus_profile(style="condor")
         site.add_env(GMOUNT_NODE=node.name, GMOUNT_CLUSTER=cluster.name)
+        if cluster.spec.node(node.name).host is None and bypass.enabled() and bypass.library() is not None:
+            site.add_env(LD_PRELOAD=bypass.library())  # a node on this machine: its files straight from its export
         catalog.add_sites(site)
     return catalog
 

@@ -102,37 +102,55 @@ def spread(job_id: str, nodes: Sequence[str], slots: Mapping[str, int]) -> str:
 
 
 def choose_site(request: Request, cluster: Cluster, root: str = "/") -> tuple[str | None, str]:
-    """(site, why) for a request: None when no candidate is a node of `cluster` ."""
+    """(site, why) for a request: None when no candidate is a node of `cluster` that answers.
+
+    Nodes that do not answer now are left out (the job goes to one that does, and `why`
+    names the others); the inputs' holders are asked from a node that answers.
+    """
     from gmountpy.jobs.placement import choose_node
 
     nodes = [node for node in cluster.nodes if node.name in request.candidates]
     if not nodes:
         return None, (f"none of the candidate sites ({', '.join(request.candidates) or 'none'}) is a node of "
                       f"cluster {cluster.name!r}")
+    answering = set(cluster.answering([node.name for node in nodes]))
+    down = [node.name for node in nodes if node.name not in answering]
+    nodes = [node for node in nodes if node.name in answering]
+    if not nodes:
+        return None, (f"none of the candidate nodes ({', '.join(down)}) of cluster {cluster.name!r} answers: "
+                      "is the cluster up? (`gmount status`)")
     names = [node.name for node in nodes]
     slots = {node.name: node.slots for node in nodes}
+    note = f" (not answering, left out: {', '.join(down)})" if down else ""
     holdings: dict[str, dict[str, int]] = {}
     if request.lfns:
         paths = [posixpath.normpath(posixpath.join(root, lfn.lstrip("/"))) for lfn in request.lfns]
-        for item in cluster.where(paths):
+        asking = cluster.home if cluster.home in answering else names[0]
+        for item in cluster.where(paths, from_node=asking):
             held = {h.node: h.size for h in item.holders if h.node in slots and not h.is_dir}
             if held:
                 holdings[item.path] = held
     if not holdings:
-        return spread(request.job_id, names, slots), "no input held by a candidate: spread by job id"
+        return spread(request.job_id, names, slots), "no input held by a candidate: spread by job id" + note
     decision = choose_node(holdings, names, slots=slots, running={}, rtt=cluster.overlay.rtt)
-    return decision.node, decision.reason
+    return decision.node, decision.reason + note
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Answer one request file; exit 0 with a solution, 1 (and SOLUTION:NONE) when something is wrong."""
+    """Answer one request file, always with one SOLUTION line (the planner waits for it).
+
+    Exit 0 with a site; 1 with SOLUTION:NONE when the request or the configuration is
+    wrong. An unexpected failure after the request was read answers a fallback site (the
+    job spread by its id over the candidates) rather than stopping the whole plan; stderr
+    always says why.
+    """
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
         return _fail("usage: gmount-pegasus-site-selector REQUEST_FILE (the planner's NonJavaCallout request)")
     try:
         with open(args[0]) as f:
             request = parse_request(f.read())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
         return _fail(f"cannot read the request {args[0]}: {exc}")
     cluster_name = os.environ.get("GMOUNT_CLUSTER")
     if not cluster_name:
@@ -143,17 +161,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gmountpy.api import Cluster
         from gmountpy.errors import GmountError
 
-        cluster = Cluster.open(cluster_name)
+        try:
+            cluster = Cluster.open(cluster_name)
+        except (GmountError, OSError) as exc:  # not running, unknown: nothing to place on
+            return _fail(f"job {request.job_id}: {exc}")
+    except Exception as exc:  # noqa: BLE001 -- never leave the planner without an answer
+        return _fall_back(request, None, f"{type(exc).__name__}: {exc}")
+    try:
         site, why = choose_site(request, cluster, root)
-    except (GmountError, OSError) as exc:
-        return _fail(f"job {request.job_id}: {exc}")
+    except Exception as exc:  # noqa: BLE001 -- e.g. a node that died meanwhile: still answer
+        return _fall_back(request, cluster, f"{type(exc).__name__}: {exc}")
     if site is None:
         print(f"gmount-pegasus-site-selector: job {request.job_id}: {why}", file=sys.stderr, flush=True)
         print(f"SOLUTION:{NONE}", flush=True)
         return 0
     print(f"SOLUTION:{site}", flush=True)
-    if os.environ.get("GMOUNT_PEGASUS_DEBUG"):
-        print(f"gmount-pegasus-site-selector: job {request.job_id} -> {site}: {why}", file=sys.stderr)
+    if os.environ.get("GMOUNT_PEGASUS_DEBUG") or "not answering" in why:
+        print(f"gmount-pegasus-site-selector: job {request.job_id} -> {site}: {why}", file=sys.stderr, flush=True)
+    return 0
+
+
+def _fall_back(request: Request, cluster: Cluster | None, problem: str) -> int:
+    """The placement failed unexpectedly: a site anyway (spread by job id over the candidates that are
+    nodes of the cluster, or over all candidates), so one failure does not stop the whole plan."""
+    try:
+        known = {node.name: node.slots for node in cluster.nodes} if cluster is not None else {}
+    except Exception:  # noqa: BLE001
+        known = {}
+    pool = [site for site in request.candidates if site in known] or list(request.candidates)
+    if not pool:
+        return _fail(f"job {request.job_id}: {problem}; and the request names no candidate site to fall back on")
+    site = spread(request.job_id, pool, known)
+    print(f"gmount-pegasus-site-selector: job {request.job_id}: placement failed ({problem}); "
+          f"fell back to {site}, spread by job id over {', '.join(pool)}", file=sys.stderr, flush=True)
+    print(f"SOLUTION:{site}", flush=True)
     return 0
 
 

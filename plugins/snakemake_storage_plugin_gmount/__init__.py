@@ -14,8 +14,14 @@ Existence, mtime and size come from the cluster (the holders' attributes,
 asked from --storage-gmount-node, default the cluster's first node); an
 input is retrieved by a verified copy (size and SHA-256 against the
 holder's own checksum); an output is stored by writing it into the
-namespace -- on the node holding that name already, else on
---storage-gmount-node -- through a temporary file renamed into place.
+namespace through a temporary file renamed into place -- on the node
+holding that name already; else on --storage-gmount-node if given; else
+on the node holding most of the job's gmount:// input bytes (as the
+executor places jobs); else, for a job without such inputs, near its
+directory's data (`Cluster.write_bytes`). Snakemake tells a storage plugin
+nothing of the job whose outputs it stores: the job is the one Snakemake's
+DAG.handle_storage is storing, found on the call stack; with a Snakemake
+that stores otherwise, outputs go near their directory's data.
 glob_wildcards lists the namespace below the query's constant prefix.
 
 Inside a mount you need none of this: run there with plain paths and the
@@ -24,6 +30,7 @@ gmount executor (snakemake_executor_plugin_gmount).
 
 # No `from __future__ import annotations`: Snakemake reads the settings' field types at run time.
 import errno
+import inspect
 import posixpath
 import threading
 from collections.abc import Iterable
@@ -62,8 +69,9 @@ class StorageProviderSettings(StorageProviderSettingsBase):
                 "cluster whose mount holds the working directory, else the only running one.", "env_var": False,
         "required": False})
     node: Optional[str] = field(default=None, metadata={
-        "help": "Node that lookups are asked from and new outputs are written to. Default: the cluster's "
-                "first node.", "env_var": False, "required": False})
+        "help": "Node that lookups are asked from and new outputs are written to. Default: lookups from the "
+                "cluster's first node, outputs on the node holding most of their job's inputs.",
+        "env_var": False, "required": False})
 
 
 def _split(query: str) -> tuple[str, str]:
@@ -196,9 +204,36 @@ class StorageObject(StorageObjectRead, StorageObjectWrite, StorageObjectGlob):
         self.cluster.put(local, self.path, on=self._write_node())
 
     def _write_node(self) -> Optional[str]:
-        """--storage-gmount-node for a new file; an existing file is replaced on its own holder."""
-        found = self._found()
-        return None if found.holders else self.provider.node(self.cluster)
+        """An existing file is replaced on its own holder (None); a new one goes to --storage-gmount-node,
+        else to the node holding most of its job's inputs, else (None) near its directory's data."""
+        if self._found().holders:
+            return None
+        told = self.provider.node(self.cluster)
+        if told is not None:
+            return told
+        inputs = self._job_inputs()
+        if not inputs:
+            return None
+        placement = self.cluster.place(inputs)
+        return None if len(placement.unlocated) == len(inputs) else placement.node
+
+    def _job_inputs(self) -> List[str]:
+        """The namespace paths of this cluster's gmount:// inputs of the job whose output this is.
+
+        No interface tells a storage plugin which job an output belongs to; Snakemake stores a
+        job's outputs from DAG.handle_storage(job), so the job is taken from that call's frame.
+        """
+        frame = inspect.currentframe()
+        while frame is not None:
+            if frame.f_code.co_name == "handle_storage" and "job" in frame.f_locals:
+                paths = []
+                for item in getattr(frame.f_locals["job"], "input", ()):
+                    found = getattr(item, "storage_object", None) if getattr(item, "is_storage", False) else None
+                    if isinstance(found, StorageObject) and found.cluster.name == self.cluster.name:
+                        paths.append(found.path)
+                return paths
+            frame = frame.f_back
+        return []
 
     def remove(self) -> None:
         try:

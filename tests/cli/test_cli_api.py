@@ -39,6 +39,28 @@ def test_ls_shows_each_entry_holder(cluster4: LocalCluster) -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_a_name_with_a_newline_cannot_forge_a_row_of_ls_or_where(cluster4: LocalCluster) -> None:
+    """Names are shown as `ls` shows them: a newline or markup in a name stays inside its own cell."""
+    forged = "x\nforged.txt  9.9 GB  n4"  # on its own line it would read as a row held by n4
+    put(cluster4, "n2", f"/cli-names/{forged}", "a")
+    put(cluster4, "n2", "/cli-names/[bold]markup", "b")
+    put(cluster4, "n3", "/cli-names/it's", "c")
+    out = gmount("ls", str(cluster4.mount("n1") / "cli-names")).stdout
+    lines = [line.replace("│", " ").strip() for line in out.splitlines()]
+    assert not [line for line in lines if line.startswith("forged.txt")], out
+    assert "'x'$'\\n''forged.txt  9.9 GB  n4'" in out, out
+    assert "'[bold]markup'" in out and "'it'\\''s'" in out, out
+    data = json.loads(gmount("ls", "--json", str(cluster4.mount("n1") / "cli-names")).stdout)
+    assert sorted(e["name"] for e in data["entries"]) == sorted([forged, "[bold]markup", "it's"])
+
+    path = cluster4.mount("n1") / "cli-names" / forged
+    out = gmount("where", str(path)).stdout
+    lines = [line.replace("│", " ").strip() for line in out.splitlines()]
+    assert not [line for line in lines if line.startswith("forged.txt")], out
+    assert out.count("$'\\n'") == 2, out  # the path asked about, and the holder's path on disk
+    assert json.loads(gmount("where", "--json", str(path)).stdout)[str(path)][0]["node"] == "n2"
+
+
 def test_stage_copies_once_and_changes_the_holder(cluster4: LocalCluster) -> None:
     payload = os.urandom(1024 * 1024 + 7)
     put(cluster4, "n4", "/cli-stage/in.bin", payload)

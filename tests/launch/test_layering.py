@@ -22,7 +22,7 @@ LAYERS = {
     "cluster": 1,
     "protocol": 2,
     "node": 3,
-    "jobs": 3,
+    "jobs": 2,  # the placement rule and spawning: below the node daemon, which places jobs too
     "launch": 4,
     "api": 5,
     "slurm": 6,

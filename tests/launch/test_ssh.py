@@ -392,7 +392,14 @@ def test_a_crashed_daemon_is_explained_by_status_and_cleared_by_down(sshd: Sshd,
             launch.up(spec)
         assert launch.down(spec.name) == {}
         assert_nothing_left(sshd, tmp_path)
-        launch.up(spec)  # the mountpoints are usable again
+        (Path(victim.mountpoint) / "probe").write_text("unsealed by down")  # an ordinary directory again
+        (Path(victim.mountpoint) / "probe").unlink()
+        state = launch.up(spec)  # the mountpoints are usable again
+        for record in state.nodes.values():  # every daemon dies: the next `up` starts afresh ...
+            os.kill(record.pid, 9)
+        assert wait_for(lambda: not any(pid_is_daemon(r.pid) for r in state.nodes.values()))
+        launch.up(spec)  # ... over mountpoints kept unwritable meanwhile (node.directories)
+        assert all(s.up for s in launch.status(spec.name))
         assert launch.down(spec.name) == {}
         assert_nothing_left(sshd, tmp_path)
 

@@ -27,6 +27,7 @@ from gmountpy.node.locator import FloodLocator, Locator
 from gmountpy.node.namespace import Namespace
 from gmountpy.node.peers import PeerAddress, PeerPool
 from gmountpy.node.service import NodeService
+from gmountpy.protocol import messages as msg
 from gmountpy.protocol import rpc
 
 SECRET = b"harness secret, 32 bytes long..."
@@ -70,7 +71,7 @@ class Node:
     watcher: ExportWatcher | None = None  # and what watches its export (scan() by hand: no background task)
     namespace: Namespace = field(init=False)
     #: the service's table of extra operations (a test replaces a node's index as a restart would)
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: msg.Operations = field(default_factory=dict)
 
     async def dispatch(self, session: rpc.Session, op: str, args: list[Any]) -> Any:
         self.served[op] += 1
@@ -163,8 +164,8 @@ def _forget_indexes(nodes: dict[str, Node]) -> None:
 
 def _created_on(nodes: dict[str, Node], name: str) -> Any:
     """The daemon's `created` operation (another node created a path), wired as daemon.py wires it."""
-    async def created(path: str, is_dir: bool = False) -> None:
-        await nodes[name].namespace.created_elsewhere(path, is_dir)
+    async def created(request: msg.Created) -> None:
+        await nodes[name].namespace.created_elsewhere(request.path, request.is_dir)
     return created
 
 
@@ -189,12 +190,12 @@ async def open_cluster(
     spec = make_spec(base)
     overlay = Overlay(spec)
     nodes: dict[str, Node] = {}
-    extras: dict[str, dict[str, Any]] = {}
+    extras: dict[str, msg.Operations] = {}
     for name, node_spec in spec.nodes.items():
         os.makedirs(node_spec.export)
         export = Export(node_spec.export)
         info = {"node": name, "site": node_spec.site, "cluster": spec.name, "export": node_spec.export}
-        extra = extras[name] = {"created": _created_on(nodes, name)}
+        extra = extras[name] = {msg.Created: _created_on(nodes, name)}
         nodes[name] = Node(name, node_spec.site, Path(export.root), export, NodeService(export, info, extra),
                            extra=extra)
     try:

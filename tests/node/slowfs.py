@@ -1,7 +1,8 @@
 """A deliberately slow file system for tests: one file whose every read takes DELAY seconds.
 
-Run as `python -m tests.node.slowfs MOUNTPOINT DELAY`; it prints "ready" once
-mounted and unmounts on SIGTERM. Mounted inside a node's export, it stands in
+Run as `python -m tests.node.slowfs MOUNTPOINT DELAY [OPEN_DELAY]`; it prints
+"ready" once mounted, "opened" after each open (which takes OPEN_DELAY
+seconds, 0 by default), and unmounts on SIGTERM. Mounted inside a node's export, it stands in
 for a slow disk (or a hung network file system) under part of the export.
 """
 
@@ -22,9 +23,10 @@ FILE_INODE = pyfuse3.ROOT_INODE + 1
 
 
 class SlowFS(pyfuse3.Operations):
-    def __init__(self, delay: float) -> None:
+    def __init__(self, delay: float, open_delay: float = 0.0) -> None:
         super().__init__()
         self.delay = delay
+        self.open_delay = open_delay
 
     def _attr(self, inode: int) -> pyfuse3.EntryAttributes:
         entry = pyfuse3.EntryAttributes()
@@ -54,6 +56,8 @@ class SlowFS(pyfuse3.Operations):
             pyfuse3.readdir_reply(token, NAME, self._attr(FILE_INODE), 1)
 
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        await trio.sleep(self.open_delay)
+        print("opened", flush=True)
         return pyfuse3.FileInfo(fh=inode, direct_io=True)  # no page cache: every read is slow
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -63,7 +67,8 @@ class SlowFS(pyfuse3.Operations):
 
 def main() -> None:
     mountpoint, delay = sys.argv[1], float(sys.argv[2])
-    pyfuse3.init(SlowFS(delay), mountpoint, set(pyfuse3.default_options) | {"fsname=slowfs"})
+    open_delay = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
+    pyfuse3.init(SlowFS(delay, open_delay), mountpoint, set(pyfuse3.default_options) | {"fsname=slowfs"})
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:

@@ -15,9 +15,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from gmountpy.node import export as export_module
 from gmountpy.node.export import Export, split_path
 from gmountpy.protocol.attr import Attr
 
+from .._trio import trio_test
 from ..conftest import require
 
 SECRET = b"the secret outside the export " * 10
@@ -168,7 +170,9 @@ def test_lstat(export: Export, root: Path) -> None:
     (root / "f").write_bytes(b"12345")
     attr = export.lstat("/f")
     st_ = os.lstat(root / "f")
-    assert attr == Attr.from_stat(st_)
+    assert attr == Attr.from_stat(st_, os.stat(root).st_dev)
+    assert (attr.dev, attr.ino) == (0, st_.st_ino)  # 0: the export's own file system
+    assert Attr.from_stat(st_).dev == st_.st_dev  # another file system's files keep their device
     assert attr.is_file and not attr.is_dir and attr.size == 5
     assert export.lstat("/").is_dir
     raises_errno(errno.ENOENT, export.lstat, "/missing")
@@ -192,7 +196,7 @@ def test_listdir_returns_attributes_without_following_symlinks(export: Export, r
     entries = dict(export.listdir("/d"))
     assert set(entries) == {"f", "sub", "out"}
     for name, attr in entries.items():
-        assert attr == Attr.from_stat(os.lstat(root / "d" / name)), name
+        assert attr == Attr.from_stat(os.lstat(root / "d" / name), os.stat(root).st_dev), name
     assert stat.S_ISLNK(entries["out"].mode)
     assert entries["sub"].is_dir and entries["f"].size == 3
     assert {name for name, _ in export.listdir("/")} == {"d"}
@@ -406,6 +410,14 @@ def planted(root: Path, outside: Path) -> Path:
     return root
 
 
+def _outcome(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """What a call returns, or the errno it fails with."""
+    try:
+        return fn(*args, **kwargs)
+    except OSError as exc:
+        return exc.errno
+
+
 def snapshot(top: Path, skip: Path | None = None) -> dict[str, Any]:
     """Everything observable about a tree, without following symlinks."""
     state: dict[str, Any] = {}
@@ -454,10 +466,13 @@ def test_symlinks_to_outside_are_never_followed(export: Export, planted: Path, o
         raises_errno(errno.ELOOP, export.open, path, os.O_WRONLY | os.O_TRUNC)
         raises_errno(errno.ELOOP, export.truncate, path, 0)
         raises_errno(errno.EOPNOTSUPP, export.chmod, path, 0o777)
-        raises_errno(errno.ELOOP, export.getxattr, path, "user.secret")
-        raises_errno(errno.ELOOP, export.listxattr, path)
-        raises_errno(errno.ELOOP, export.setxattr, path, "user.x", b"1")
-        raises_errno(errno.ELOOP, export.removexattr, path, "user.secret")
+        # xattrs act on the link itself, as ext4's l*xattr calls do: never on its target
+        raises_errno(errno.ENODATA, export.getxattr, path, "user.secret")
+        assert _outcome(export.getxattr, path, "security.selinux") == _outcome(  # what `ls -l` asks
+            os.getxattr, str(planted) + path, "security.selinux", follow_symlinks=False)  # as the disk answers
+        assert export.listxattr(path) == []
+        raises_errno(errno.EPERM, export.setxattr, path, "user.x", b"1")  # no user.* on a symlink
+        raises_errno(errno.EPERM, export.removexattr, path, "user.secret")
         # utimens touches the link itself, never its target
         export.utimens(path, 7, 7)
         assert export.lstat(path).mtime_ns == 7
@@ -644,3 +659,35 @@ def test_no_hostile_path_reaches_outside_the_export(steps: list[tuple[str, str, 
     finally:
         ex.close()
         shutil.rmtree(base)
+
+
+# ---------------------------------------------------------------- short writes
+
+
+@trio_test
+async def test_a_write_cut_short_by_a_full_disk_returns_what_landed(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a file system that takes RWF_NOWAIT writes (xfs, btrfs) the part that could not be written
+    without waiting goes to a worker thread; if the disk fills there, the write returns the bytes
+    the first part stored (a short write), never an error that hides them."""
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    real_pwritev = os.pwritev
+
+    def nowait_then_full(fd: int, buffers: list[bytes], offset: int, flags: int = 0) -> int:
+        return real_pwritev(fd, [buffers[0][:1000]], offset)  # as xfs: some pages without waiting
+
+    def full(*args: Any) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(export_module, "_nowait_writes", True)
+    monkeypatch.setattr(os, "pwritev", nowait_then_full)
+    monkeypatch.setattr(os, "pwrite", full)
+    try:
+        assert await export_module.pwrite(fd, b"x" * 5000, 0) == 1000
+        assert os.fstat(fd).st_size == 1000
+        monkeypatch.setattr(os, "pwritev", lambda *args: (_ for _ in ()).throw(OSError(errno.EAGAIN, "would block")))
+        with pytest.raises(OSError) as info:  # nothing landed: the error
+            await export_module.pwrite(fd, b"x" * 5000, 1000)
+        assert info.value.errno == errno.ENOSPC
+    finally:
+        os.close(fd)

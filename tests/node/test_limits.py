@@ -6,7 +6,7 @@ import errno
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from gmountpy.node import readahead
 from gmountpy.node.export import Export
 from gmountpy.node.readahead import BLOCK, MemoryBudget, ReadAhead
 from gmountpy.node.service import NodeService
+from gmountpy.protocol import messages as msg
 from gmountpy.protocol import rpc
 
 from .._trio import trio_test
@@ -28,16 +29,24 @@ SMALL = replace(Tuning(), handles_per_connection=3, handles_per_node=5, listings
                 listings_per_node=3, requests_per_connection=4, requests_per_node=6)
 
 
+@dataclass(frozen=True)
+class Wait(msg.Request[int]):
+    """A test's operation: answers `value` once the test lets it."""
+
+    op = "wait"
+    value: int
+
+
 @asynccontextmanager
 async def serving(root: Path, tuning: Tuning = SMALL, slow: trio.Event | None = None
                   ) -> AsyncIterator[tuple[trio.Nursery, int, NodeService]]:
     """A real NodeService on `root` behind a real RPC server with these limits; `slow` ops wait for the event."""
     service = NodeService(Export(str(root)), {"node": "lim"}, tuning=tuning)
     if slow is not None:
-        async def wait(value: Any) -> Any:
+        async def wait(request: Wait) -> int:
             await slow.wait()
-            return value
-        service = NodeService(Export(str(root)), {"node": "lim"}, {"wait": wait}, tuning=tuning)
+            return request.value
+        service = NodeService(Export(str(root)), {"node": "lim"}, {Wait: wait}, tuning=tuning)
     limits = rpc.RequestLimits(tuning.requests_per_connection, tuning.requests_per_node, "lim")
     async with open_nursery() as nursery:
         listeners = await nursery.start(lambda task_status: rpc.serve(

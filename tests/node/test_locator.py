@@ -312,7 +312,7 @@ async def test_a_peer_that_does_not_answer_costs_one_timeout(tmp_path: Path) -> 
 
 
 def attr_of(size: int) -> Attr:
-    return Attr(0o100644, 1, 0, 0, size, 0, 0, 0, 0, 4096, 0)
+    return Attr(0o100644, 1, 0, 0, size, 0, 0, 0, 0, 4096, 0, 0, 0)
 
 
 @trio_test

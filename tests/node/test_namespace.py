@@ -15,6 +15,7 @@ import pytest
 
 from gmountpy.node.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, Namespace
 from gmountpy.node.service import MAX_IO
+from gmountpy.protocol import messages as msg
 
 from .._trio import trio_test
 from .harness import open_cluster, read_file
@@ -321,6 +322,47 @@ async def test_rename_of_a_directory_onto_one_that_only_another_node_has_is_exde
 
 
 @trio_test
+async def test_a_directory_rename_that_fails_on_a_later_node_is_undone_on_the_earlier_ones(tmp_path: Path) -> None:
+    """n1 and n3 have /proj; renaming it to /x/proj works on n1 but fails on n3, whose /x is a
+    file: n1's rename is undone, so /proj is whole under its old name, never split in two."""
+    async with open_cluster(tmp_path) as cluster:
+        cluster["n1"].put("/proj/a.txt", b"a")
+        cluster["n3"].put("/proj/b.txt", b"bb")
+        cluster["n3"].put("/x", b"a file where n1 will make a directory")
+        ns = cluster["n1"].namespace
+        with pytest.raises(OSError) as info:
+            await ns.rename("/proj", "/x/proj")
+        assert_errno(info, errno.ENOTDIR)
+        assert cluster.holders("/proj/a.txt") == ["n1"] and cluster.holders("/proj/b.txt") == ["n3"]
+        assert cluster.holders("/x/proj") == []
+        assert await listing(ns, "/proj") == {"a.txt": ("n1", 1), "b.txt": ("n3", 2)}
+
+
+@trio_test
+async def test_a_directory_rename_that_cannot_be_undone_says_where_each_name_is(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path) as cluster:
+        cluster["n1"].put("/proj/a.txt", b"a")
+        cluster["n2"].put("/proj/c.txt", b"c")
+        cluster["n3"].put("/proj/b.txt", b"bb")
+        cluster["n3"].put("/x", b"a file")
+        ns = cluster["n1"].namespace
+        real = cluster["n2"].service.op_rename
+
+        def rename_once(request: msg.Rename) -> None:
+            if request.src == "/x/proj":
+                raise OSError(errno.EIO, "the disk failed")  # n2 cannot rename it back
+            real(request)
+
+        cluster["n2"].service._ops[msg.Rename] = rename_once
+        with pytest.raises(OSError) as info:
+            await ns.rename("/proj", "/x/proj")
+        assert_errno(info, errno.EIO)
+        message = str(info.value)
+        assert "n3" in message and "n2" in message and "/x/proj" in message and "docs/failures.md" in message
+        assert cluster.holders("/proj") == ["n1", "n3"] and cluster.holders("/x/proj") == ["n2"]
+
+
+@trio_test
 async def test_rename_type_mismatches_and_flags(tmp_path: Path) -> None:
     async with open_cluster(tmp_path) as cluster:
         ns = cluster["n1"].namespace
@@ -415,6 +457,37 @@ async def test_virtual_xattrs(tmp_path: Path) -> None:
             await n1.getxattr("/v/none", "user.gmount.where")
         with pytest.raises(FileNotFoundError):
             await n1.getxattr("/v/none", "user.gmount.node")
+
+
+@trio_test
+async def test_a_holders_error_on_listxattr_is_an_error_not_an_empty_list(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path) as cluster:
+        cluster["n3"].put("/lx/f", b"")
+        ns = cluster["n1"].namespace
+        assert "user.gmount.where" in await ns.listxattr("/lx/f")
+        cluster["n3"].fail["listxattr"] = errno.EIO  # the holder's disk fails
+        with pytest.raises(OSError) as info:
+            await ns.listxattr("/lx/f")
+        assert_errno(info, errno.EIO)
+        cluster["n3"].fail["listxattr"] = errno.EOPNOTSUPP  # a file system without xattrs: none to list
+        assert "user.project" not in await ns.listxattr("/lx/f")
+
+
+@trio_test
+async def test_peers_may_set_and_remove_only_user_xattrs(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path) as cluster:
+        path = cluster["n3"].put("/sx/f", b"")
+        call = cluster["n1"].pool.call
+        await call("n3", "setxattr", "/sx/f", "user.ok", b"1")
+        for name in ("trusted.overlay.opaque", "security.capability", "system.posix_acl_access", "user"):
+            with pytest.raises(OSError) as info:
+                await call("n3", "setxattr", "/sx/f", name, b"1")
+            assert_errno(info, errno.EOPNOTSUPP)
+        os.setxattr(path, "trusted.keep", b"1")
+        with pytest.raises(OSError) as info:
+            await call("n3", "removexattr", "/sx/f", "trusted.keep")
+        assert_errno(info, errno.EOPNOTSUPP)
+        assert sorted(os.listxattr(path)) == ["trusted.keep", "user.ok"]
 
 
 @trio_test

@@ -112,3 +112,44 @@ async def test_a_timed_out_call_is_etimedout(tmp_path: Path) -> None:
         cluster["n1"].pool.set_peers(cluster.addresses())  # clears the down mark
         assert (await cluster["n1"].pool.call("n4", "ping", timeout=2))["node"] == "n4"
 
+
+
+@trio_test
+async def test_a_cancelled_call_neither_marks_the_peer_down_nor_closes_its_connection(tmp_path: Path) -> None:
+    """Closing a file cancels its read-ahead in flight: the holder stays up for everyone else."""
+    async with open_cluster(tmp_path) as cluster:
+        pool = cluster["n1"].pool
+        assert (await pool.call("n2", "ping"))["node"] == "n2"
+        cluster["n2"].delay["ping"] = 0.5
+        for _ in range(10):
+            with trio.move_on_after(0.02):
+                await pool.call("n2", "ping")
+        async with open_nursery() as nursery:  # and many at once, cancelled together
+            for _ in range(50):
+                nursery.start_soon(pool.call, "n2", "ping")
+            await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+        del cluster["n2"].delay["ping"]
+        assert not pool.is_down("n2")
+        assert (await pool.call("n2", "ping"))["node"] == "n2"
+        assert len(cluster["n2"].sessions) == 1  # the one connection, never redone
+
+
+@trio_test
+async def test_a_slow_request_to_a_peer_that_answers_others_does_not_mark_it_down(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path, rpc_timeout=0.3) as cluster:
+        pool = cluster["n1"].pool
+        cluster["n3"].delay["statfs"] = 2  # one slow disk call on n3; n3 answers everything else
+
+        async def others() -> None:
+            for _ in range(10):
+                assert (await pool.call("n3", "ping"))["node"] == "n3"
+                await trio.sleep(0.05)
+
+        async with open_nursery() as nursery:
+            nursery.start_soon(others)
+            with pytest.raises(PeerUnavailable) as info:
+                await pool.call("n3", "statfs", "/")
+        assert info.value.errno == errno.ETIMEDOUT
+        assert not pool.is_down("n3")
+        assert (await pool.call("n3", "ping"))["node"] == "n3"

@@ -115,6 +115,94 @@ def test_hard_link_within_one_node_is_that_nodes_link(cluster4: LocalCluster) ->
     assert wait_for(lambda: os.lstat(cluster4.mount("n3") / top / "a").st_nlink == 1)
 
 
+def inode_numbers(cluster: LocalCluster, *paths: str) -> dict[str, list[int]]:
+    """`stat -c %i` of each path (relative to a mount) through every node's mount."""
+    return {node: [os.stat(cluster.mount(node) / path).st_ino for path in paths] for node in cluster.nodes}
+
+
+def test_a_file_keeps_its_inode_number_across_renames_and_on_every_node(cluster4: LocalCluster) -> None:
+    top = unique("ino")
+    put(cluster4, "n3", f"{top}/remote.txt", b"held by n3")
+    (cluster4.mount("n1") / top / "sub").mkdir()
+    (cluster4.mount("n1") / top / "local.txt").write_bytes(b"held by n1")
+    numbers = inode_numbers(cluster4, f"{top}/remote.txt", f"{top}/local.txt", f"{top}/sub")
+    assert len({tuple(row) for row in numbers.values()}) == 1, numbers  # the same on every node
+    remote, local, sub = numbers["n1"]
+    assert len({remote, local, sub}) == 3
+    here = cluster4.mount("n1") / top
+    stat_i = subprocess.run(["stat", "-c", "%i", str(here / "remote.txt")], capture_output=True, text=True, check=True)
+    subprocess.run(["mv", str(here / "remote.txt"), str(here / "moved.txt")], check=True)
+    subprocess.run(["mv", str(here / "local.txt"), str(here / "sub/in.txt")], check=True)
+    subprocess.run(["mv", str(here / "sub"), str(here / "dir")], check=True)
+    after = subprocess.run(["stat", "-c", "%i", str(here / "moved.txt")], capture_output=True, text=True, check=True)
+    assert after.stdout == stat_i.stdout == f"{remote}\n"
+    assert wait_for(lambda: inode_numbers(cluster4, f"{top}/moved.txt", f"{top}/dir/in.txt", f"{top}/dir")
+                    == {node: [remote, local, sub] for node in cluster4.nodes})
+    # renamed through another node: this node finds it under its new name with its number
+    os.rename(cluster4.mount("n4") / top / "moved.txt", cluster4.mount("n4") / top / "again.txt")
+    assert os.stat(cluster4.mount("n1") / top / "again.txt").st_ino == remote
+    # a different file under an old name is a different number, at once
+    (cluster4.mount("n2") / top / "again.txt").unlink()
+    (cluster4.mount("n2") / top / "again.txt").write_bytes(b"a new file")
+    assert os.stat(cluster4.mount("n2") / top / "again.txt").st_ino not in (remote, local, sub)
+    assert wait_for(lambda: os.stat(cluster4.mount("n1") / top / "again.txt").st_ino
+                    == os.stat(cluster4.mount("n2") / top / "again.txt").st_ino)
+
+
+@pytest.mark.parametrize("holder", ["n1", "n3"])
+def test_hard_links_are_one_inode_and_an_unlink_shows_the_new_link_count_at_once(
+        cluster4: LocalCluster, holder: str) -> None:
+    """`ln a b; stat -c %i a b` shows one number; `rm b; stat -c %h a` shows 1 at once on the node
+    that removed b (n1, which holds the file or not), on the others within attr_ttl (0.5 s)."""
+    top = unique("nlink")
+    (cluster4.mount(holder) / top).mkdir()
+    a, b = cluster4.mount(holder) / top / "a", cluster4.mount(holder) / top / "b"
+    a.write_bytes(b"one file")
+    subprocess.run(["ln", str(a), str(b)], check=True)
+    shown = subprocess.run(["stat", "-c", "%i %h", str(a), str(b)], capture_output=True, text=True, check=True)
+    first, second = shown.stdout.splitlines()
+    assert first == second and first.endswith(" 2"), shown.stdout
+    through_n1 = cluster4.mount("n1") / top
+    assert wait_for(lambda: os.stat(through_n1 / "a").st_nlink == 2 == os.stat(through_n1 / "b").st_nlink)
+    assert os.stat(through_n1 / "a").st_ino == os.stat(through_n1 / "b").st_ino == int(first.split()[0])
+    subprocess.run(["rm", str(through_n1 / "b")], check=True)
+    assert subprocess.run(["stat", "-c", "%h", str(through_n1 / "a")], capture_output=True, text=True,
+                          check=True).stdout == "1\n"
+    for node in cluster4.nodes:
+        assert wait_for(lambda node=node: os.stat(cluster4.mount(node) / top / "a").st_nlink == 1), node
+
+
+def test_rsync_tar_du_cp_and_find_see_one_file_for_two_links(cluster4: LocalCluster) -> None:
+    top = cluster4.mount("n2") / unique("tools")
+    src = top / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "big").write_bytes(os.urandom(1 << 20))
+    os.link(src / "big", src / "twin")
+    os.link(src / "big", src / "sub" / "third")
+    (src / "other").write_bytes(b"x" * 4096)
+    put(cluster4, "n3", f"{top.name}/src/far", b"held by n3")  # a file of another node in the tree
+
+    def run(*command: str) -> str:
+        return subprocess.run(command, capture_output=True, text=True, check=True).stdout
+
+    same = run("find", str(src), "-samefile", str(src / "big"))
+    assert sorted(same.split()) == sorted(str(p) for p in (src / "big", src / "twin", src / "sub" / "third"))
+    kib = int(run("du", "-sk", str(src)).split()[0])
+    assert 1024 <= kib < 1024 + 64, kib  # the linked MiB once, not three times
+    for copy, command in (("rsynced", ["rsync", "-aH", f"{src}/", f"{top}/rsynced/"]),
+                          ("copied", ["cp", "-a", str(src), f"{top}/copied"])):
+        run(*command)
+        numbers = {os.stat(top / copy / name).st_ino for name in ("big", "twin", "sub/third")}
+        assert len(numbers) == 1 and os.stat(top / copy / "big").st_nlink == 3, (copy, numbers)
+        on_disk = {os.stat(cluster4.export("n2") / top.name / copy / name).st_ino
+                   for name in ("big", "twin", "sub/third")}
+        assert len(on_disk) == 1, copy  # the links made anew on the disk, not three copies
+        assert (top / copy / "far").read_bytes() == b"held by n3"
+    listing = run("tar", "-cvvf", str(top / "t.tar"), "-C", str(src), ".")
+    assert sum(" link to " in line for line in listing.splitlines()) == 2, listing
+    assert os.stat(top / "t.tar").st_size < (1 << 20) + 64 * 1024
+
+
 def test_hard_link_across_nodes_is_exdev_never_eperm(cluster4: LocalCluster) -> None:
     top = unique("xlink")
     put(cluster4, "n3", f"{top}/remote.txt", b"held by n3")
@@ -280,3 +368,74 @@ def test_a_directory_shows_its_new_nlink_and_mtime_after_creates_in_it(cluster4:
     assert (seen.st_nlink, seen.st_mtime_ns) == (on_disk.st_nlink, on_disk.st_mtime_ns) and seen.st_nlink == 4
     os.rmdir(top / "b")
     assert os.stat(top).st_nlink == 3
+
+
+# -- extended attributes -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("holder", ["n1", "n3"])
+def test_ls_l_of_a_symlink_prints_it_without_an_error(cluster4: LocalCluster, holder: str) -> None:
+    """`ls -l` asks every entry for security.selinux (and ACLs) without following symlinks:
+    the answer for a symlink is the one ext4 gives (no such attribute), not ELOOP."""
+    name = unique("link")
+    os.symlink("target-" + name, cluster4.mount(holder) / name)
+    for asking in ("n1", "n2"):
+        link = cluster4.mount(asking) / name
+        listed = subprocess.run(["ls", "-l", str(link)], capture_output=True, text=True, check=False)
+        assert (listed.returncode, listed.stderr) == (0, ""), listed
+        assert listed.stdout.startswith("l") and f"-> target-{name}" in listed.stdout
+        with pytest.raises(OSError) as info:
+            os.getxattr(link, "security.selinux", follow_symlinks=False)
+        assert info.value.errno == errno.ENODATA
+        shown = subprocess.run(["getfattr", "-h", "-d", "-m", "-", str(link)], capture_output=True, text=True,
+                               check=False)
+        assert shown.returncode == 0 and "Too many levels" not in shown.stderr, shown
+
+
+@pytest.mark.parametrize("holder", ["n1", "n3"])
+def test_only_user_xattrs_can_be_set_through_the_mount(cluster4: LocalCluster, holder: str) -> None:
+    """trusted.* and security.* need privileges on the holder: a root daemon must not set them
+    for whoever asks (a peer, any user of an allow_other mount). user.* works as on the export."""
+    name = unique("xattr")
+    (cluster4.mount(holder) / name).write_bytes(b"x")
+    through = cluster4.mount("n2") / name
+    os.setxattr(through, "user.color", b"blue")
+    assert os.getxattr(cluster4.export(holder) / name, "user.color") == b"blue"
+    for attribute in ("trusted.gmount-test", "security.gmount-test"):
+        with pytest.raises(OSError) as info:
+            os.setxattr(through, attribute, b"1")
+        assert info.value.errno == errno.EOPNOTSUPP, attribute
+        assert attribute not in os.listxattr(cluster4.export(holder) / name)
+    os.setxattr(cluster4.export(holder) / name, "trusted.gmount-test", b"1")  # root, on the export itself
+    with pytest.raises(OSError) as info:
+        os.removexattr(through, "trusted.gmount-test")
+    assert info.value.errno == errno.EOPNOTSUPP
+    assert os.getxattr(cluster4.export(holder) / name, "trusted.gmount-test") == b"1"
+    os.removexattr(through, "user.color")
+
+
+# -- directory renames across nodes ----------------------------------------------------
+
+
+def test_mv_of_a_directory_that_one_holder_cannot_rename_leaves_it_whole(cluster4: LocalCluster) -> None:
+    """`mv` of a directory that n1 and n3 both have, where n3's rename(2) fails (its copy is a
+    mountpoint there: EBUSY): n1's rename is undone, the directory keeps its name everywhere."""
+    if os.geteuid() != 0:
+        require("a mount inside an export (needs root)", "not root")
+    name, renamed = unique("busy"), unique("renamed")
+    (cluster4.export("n1") / name).mkdir()
+    (cluster4.export("n1") / name / "a.txt").write_text("on n1")
+    busy = cluster4.export("n3") / name
+    busy.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "gmount-test-busy", str(busy)], check=True)
+    try:
+        (busy / "b.txt").write_text("on n3")
+        cluster4.rescan("n1", "n3")
+        moved = subprocess.run(["mv", str(cluster4.mount("n1") / name), str(cluster4.mount("n1") / renamed)],
+                               capture_output=True, text=True, check=False)
+        assert moved.returncode != 0 and "busy" in moved.stderr.lower(), moved
+        assert (cluster4.export("n1") / name / "a.txt").read_text() == "on n1"
+        assert not (cluster4.export("n1") / renamed).exists()
+        assert wait_for(lambda: sorted(os.listdir(cluster4.mount("n2") / name)) == ["a.txt", "b.txt"])
+    finally:
+        subprocess.run(["umount", "-l", str(busy)], check=False)

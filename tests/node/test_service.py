@@ -44,7 +44,7 @@ async def test_lookup_locate_and_listdir_answer_none_for_absent_paths(tmp_path: 
             assert await call("n2", op, "/d/f/below-a-file") is None
         assert await call("n2", "listdir", "/d/f") is None
         listing = await call("n2", "listdir", "/d")
-        assert [(name, Attr.from_wire(a).size) for name, a in listing] == [("f", 3)]
+        assert [(name, Attr.from_wire(a).size) for name, a, _ in listing] == [("f", 3)]  # [name, attr, replica_of]
 
 
 @trio_test
@@ -188,7 +188,7 @@ async def test_non_utf8_names_can_be_listed_and_opened_from_a_peer(tmp_path: Pat
         with open(os.path.join(os.fsencode(cluster["n3"].path("/enc")), raw), "wb") as f:
             f.write(b"bytes named in latin-1")
         listing = await cluster["n1"].pool.call("n3", "listdir", "/enc")
-        [(name, _)] = listing
+        [(name, _, _)] = listing
         assert os.fsencode(name) == raw
         handle, _ = await cluster["n1"].pool.call("n3", "open", "/enc/" + name, os.O_RDONLY)
         assert await cluster["n1"].pool.call("n3", "read", handle, 0, 100) == b"bytes named in latin-1"

@@ -63,8 +63,8 @@ async def test_a_copy_that_fails_verification_never_gets_its_name(tmp_path: Path
             # Copied, not yet verified: no file of that name here, and the temporary is nobody's file.
             assert not n1.has("/in/data.bin")
             (temporary,) = _temporaries(n1.path("/in"))
-            assert n1.service.op_lookup(f"/in/{temporary}") is None
-            assert [entry[0] for entry in n1.service.op_listdir("/in") or []] == []
+            assert n1.service.lookup(f"/in/{temporary}") is None
+            assert [entry[0] for entry in n1.service.listing("/in") or []] == []
             assert ReplicaTable(table).leftover_temporaries() == [f"/in/{temporary}"]
             # The source changes behind its (size, mtime): only the checksum can tell.
             before = os.stat(source)

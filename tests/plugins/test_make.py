@@ -24,8 +24,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gmountpy import Cluster
-from gmountpy.cluster import mounts
-from gmountpy_make import MAKEFILE
+from gmountpy.cluster import jobsocket, mounts
+from gmountpy_make import JOB_PROGRAM, MAKEFILE
 from gmountpy_make.shell import json_line, json_string, strip_oneshell_prefixes
 
 from ..conftest import (
@@ -83,6 +83,8 @@ def make_problem() -> str | None:
         return "GNU make is not installed (Debian package make)"
     if not os.access(os.path.join(BIN, "gmount-sh"), os.X_OK):
         return f"gmount-sh is not installed beside {sys.executable} (pip install -e . again)"
+    if not os.access(JOB_PROGRAM, os.X_OK):
+        return f"gmount-job was not built at install ({JOB_PROGRAM}): pip install . again, with a C compiler"
     return None
 
 
@@ -234,6 +236,10 @@ def test_make_failing_recipe_keeps_exit_status_and_stderr(cluster: LocalCluster,
     assert result.returncode == 2
     assert "bad on n3" in result.stderr and "partial" in result.stdout
     assert "[Makefile:3: bad] Error 7" in result.stderr  # make saw the recipe's own status
+    # the line before make's own error names the node, as Snakemake's error does
+    lines = result.stderr.splitlines()
+    error = next(i for i, line in enumerate(lines) if line.endswith("[Makefile:3: bad] Error 7"))
+    assert lines[error - 1] == "gmount: target bad failed on node n3: its recipe exited with status 7", lines
     entries = read_log(next((here / ".gmount").glob("make-*.jsonl")))
     assert [(e["target"], e["node"], e["status"]) for e in entries] == [("bad", "n3", 7)]
 
@@ -241,7 +247,8 @@ def test_make_failing_recipe_keeps_exit_status_and_stderr(cluster: LocalCluster,
     direct = subprocess.run([os.path.join(BIN, "gmount-sh"), "-c", "echo out; echo err >&2; exit 42"],
                             check=False, cwd=here, env=env(GMOUNT_TARGET="x", GMOUNT_DEPS="in2.txt"),
                             capture_output=True, text=True)
-    assert (direct.returncode, direct.stdout, direct.stderr) == (42, "out\n", "err\n")
+    assert (direct.returncode, direct.stdout, direct.stderr) == (
+        42, "out\n", "err\ngmount: target x failed on node n2: its recipe exited with status 42\n")
 
     # -k: the other target is still made (on its node), make still fails
     keep_going = make(here, "-k", "-j2", "bad", "good.txt")
@@ -401,12 +408,106 @@ def test_mounts_holdings_of_many_prerequisites(cluster: LocalCluster) -> None:
     assert mounted.holdings(["f03.txt"], str(cluster.mount("n3") / wf)) == {f"/{wf}/f03.txt": {"n4": 103}}
 
 
-def test_make_outside_a_mount_says_what_to_do(tmp_path: Path) -> None:
+# --------------------------------------------------------------------------- outside a mount: plain make
+
+#: a workflow that exercises what a laptop run needs: pattern rules, -j, a sub-make, .ONESHELL-free recipes
+LAPTOP = """\
+all: total.txt sub/done.txt
+up%.txt: in%.txt
+\ttr a-z A-Z < $< > $@
+total.txt: up1.txt up2.txt
+\tcat $^ > $@
+sub/done.txt:
+\t$(MAKE) -C sub done.txt
+clean:
+\trm -f up1.txt up2.txt total.txt sub/done.txt
+"""
+
+
+def laptop_workflow(directory: Path, include: str = INCLUDE) -> None:
+    (directory / "sub").mkdir(parents=True, exist_ok=True)
+    (directory / "in1.txt").write_text("one\n")
+    (directory / "in2.txt").write_text("two\n")
+    (directory / "Makefile").write_text(include + LAPTOP)
+    (directory / "sub" / "Makefile").write_text(include + "done.txt:\n\techo \"[$$GMOUNT_NODE]\" > $@\n")
+
+
+def notices(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "gmount" in line]
+
+
+def test_make_outside_a_mount_runs_recipes_here_with_one_notice(tmp_path: Path) -> None:
+    """A Makefile with the include, in a plain directory: make runs every recipe itself (and the sub-make's),
+    as without the include, says why in one line for the whole run, and `make clean` works."""
     require("GNU make and gmount-sh", make_problem())
-    (tmp_path / "Makefile").write_text(INCLUDE + "x:\n\ttrue\n")
-    result = make(tmp_path, "x")
-    assert result.returncode == 2
-    assert "is not inside a running gmount cluster's mount" in result.stderr
+    laptop_workflow(tmp_path)
+    result = make(tmp_path, "-j4")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "total.txt").read_text() == "ONE\nTWO\n"
+    assert (tmp_path / "sub" / "done.txt").read_text() == "[]\n"  # not placed: no GMOUNT_NODE
+    assert notices(result.stderr) == [
+        f"gmount: {tmp_path} is not inside a gmount mount: recipes run here, as plain make runs them"]
+    assert "tr a-z A-Z < in1.txt > up1.txt" in result.stdout  # make's own echo of the recipe, unchanged
+    assert not (tmp_path / ".gmount").exists()  # no placement log outside a mount
+
+    cleaned = make(tmp_path, "clean")
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert not (tmp_path / "total.txt").exists() and not (tmp_path / "sub" / "done.txt").exists()
+    assert len(notices(cleaned.stderr)) == 1
+    # the dry run too: one notice, make's own -n output
+    dry = make(tmp_path, "-n")
+    assert dry.returncode == 0 and len(notices(dry.stderr)) == 1 and "cat up1.txt up2.txt > total.txt" in dry.stdout
+
+
+def test_make_without_gmount_installed_runs_plain(tmp_path: Path) -> None:
+    """`include $(shell gmount make-include)` where gmount is not on PATH: make says so once and runs
+    the recipes itself; the documented quiet form says nothing."""
+    require("GNU make", None if shutil.which("make") else "GNU make is not installed")
+    no_gmount = {**os.environ, "PATH": "/usr/bin:/bin"}
+    assert subprocess.run(["sh", "-c", "command -v gmount"], env=no_gmount, check=False).returncode != 0
+    laptop_workflow(tmp_path)
+    result = subprocess.run(["make", "-j4"], cwd=tmp_path, env=no_gmount, capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "total.txt").read_text() == "ONE\nTWO\n"
+    assert [line for line in result.stderr.splitlines() if "make[" not in line] == [
+        "make: gmount: No such file or directory"]
+    cleaned = subprocess.run(["make", "clean"], cwd=tmp_path, env=no_gmount, capture_output=True, text=True,
+                             timeout=120, check=False)
+    assert cleaned.returncode == 0 and not (tmp_path / "total.txt").exists(), cleaned.stderr
+
+    quiet = tmp_path / "quiet"
+    quiet.mkdir()
+    laptop_workflow(quiet, "-include $(shell gmount make-include 2>/dev/null)\n")
+    result = subprocess.run(["make", "-j4"], cwd=quiet, env=no_gmount, capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert (quiet / "total.txt").read_text() == "ONE\nTWO\n"
+    # and with gmount on PATH, the quiet form is the include: one notice here, outside a mount
+    placed = make(quiet, "-B", "total.txt")
+    assert placed.returncode == 0 and len(notices(placed.stderr)) == 1, placed.stderr
+
+
+def test_make_in_a_mount_no_daemon_to_ask_runs_recipes_here(cluster: LocalCluster, tmp_path: Path) -> None:
+    """In a mount whose daemon has no job socket and whose cluster this machine does not know (no launcher
+    state): nothing can place a recipe, so make runs them itself, in n1's mount, with one notice."""
+    wf = "wf-nodaemon"
+    put_inputs(cluster, wf)
+    (cluster.export("n1") / wf / "Makefile").write_text(INCLUDE + WORKFLOW)
+    here = cluster.mount("n1") / wf
+    sock = job_socket(cluster, "n1")
+    hidden = sock.with_name(sock.name + ".hidden")
+    sock.rename(hidden)
+    try:
+        result = make(here, "-j4", "merged.txt", XDG_STATE_HOME=str(tmp_path / "no-state"))
+    finally:
+        hidden.rename(sock)
+    assert result.returncode == 0, result.stderr
+    assert notices(result.stderr) == [f"gmount: {here} is not inside a running gmount cluster's mount on this "
+                                      "machine: recipes run here, as plain make runs them"]
+    assert (here / "merged.txt.node").read_text() == "\n"  # no GMOUNT_NODE: not placed
+    assert holder_on_disk(cluster, wf, "merged.txt") == "n1"
+    assert not (here / ".gmount").exists()
 
 
 def test_mounts_agree_with_the_overlay_and_the_state(cluster: LocalCluster) -> None:
@@ -421,6 +522,111 @@ def test_mounts_agree_with_the_overlay_and_the_state(cluster: LocalCluster) -> N
             assert mounted.rtt(a, b) == overlay.rtt(a, b)
     assert mounted.path_on("n2", "/a/b") == str(cluster.mount("n2") / "a" / "b")
     assert mounts.find("/") is None
+
+
+# --------------------------------------------------------------------------- gmount plan / gmount make -n
+
+
+def gmount(cwd: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([os.path.join(BIN, "gmount"), *args], check=False, cwd=cwd, env=env(**extra),
+                          capture_output=True, text=True, timeout=180)
+
+
+def test_gmount_plan_for_a_makefile_predicts_where_the_run_goes(cluster: LocalCluster) -> None:
+    """`gmount plan` (from make's own -n) says job -> node and bytes before the run; the run then goes
+    exactly there (its placement log), with exactly those bytes for the jobs whose inputs exist."""
+    wf = "wf-plan"
+    inputs = put_inputs(cluster, wf)
+    (cluster.export("n1") / wf / "Makefile").write_text(INCLUDE + WORKFLOW)
+    here = cluster.mount("n1") / wf
+
+    done = gmount(here, "plan", "-f", "Makefile", "--json")
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    assert (plan["workflow"], plan["cluster"], plan["head_node"], plan["cwd"]) == (
+        "make", cluster.spec.name, "n1", f"/{wf}")
+    jobs = {job["job"]: job for job in plan["jobs"]}
+    assert sorted(jobs) == sorted(OUTPUTS) and len(plan["jobs"]) == len(OUTPUTS)
+    order = [job["job"] for job in plan["jobs"]]
+    assert order.index("merged.txt") > max(order.index(f"up{i}.txt") for i in range(1, 5))
+    assert not list(here.glob("up*.txt")), "the plan ran something"
+    cfg = len(inputs["shared.cfg"])
+    for i, node in enumerate(NODES, start=1):  # inputs that exist: exact bytes
+        up = jobs[f"up{i}.txt"]
+        size = len(inputs[f"in{i}.txt"])
+        assert up["node"] == node and up["inputs"] == [f"in{i}.txt", "shared.cfg"]
+        assert (up["bytes_local"], up["bytes_remote"]) == ((size + cfg, 0) if node == "n2" else (size, cfg))
+        assert not up["bytes_local_estimated"] and not up["bytes_remote_estimated"] and not up["planned_inputs"]
+    merged = jobs["merged.txt"]  # its inputs are written by this run: on their job's node, estimated
+    assert merged["node"] == "n4" and merged["planned_inputs"] == [f"up{i}.txt" for i in range(1, 5)]
+    assert merged["bytes_local_estimated"] and merged["bytes_remote_estimated"]
+    assert merged["bytes_remote"] == sum(len(inputs[f"in{i}.txt"]) + cfg for i in range(1, 4))
+    assert plan["total"]["bytes_remote"] == sum(job["bytes_remote"] for job in plan["jobs"])
+    assert plan["total"]["per_node"] == {"n1": 2, "n2": 2, "n3": 2, "n4": 4}
+
+    # the text form: a line per job, the total, the estimate said
+    text = gmount(here, "plan")
+    assert text.returncode == 0, text.stderr
+    rows = {line.split()[0]: line.split() for line in text.stdout.splitlines()[2:2 + len(OUTPUTS)]}
+    assert {target: row[1] for target, row in rows.items()} == {j: jobs[j]["node"] for j in jobs}
+    assert rows["merged.txt"][3].startswith("~") and not rows["up1.txt"][3].startswith("~")
+    assert "total: 10 jobs (n1 2, n2 2, n3 2, n4 4); input bytes read locally ~" in text.stdout
+    assert "~ estimated: " in text.stdout
+
+    # the run goes where the plan said
+    run = make(here, "-j4")
+    assert run.returncode == 0, run.stderr
+    entries = read_log(next((here / ".gmount").glob("make-*.jsonl")))
+    assert {e["target"]: e["node"] for e in entries} == {j: jobs[j]["node"] for j in jobs}
+    for entry in entries:
+        if entry["target"].startswith("up"):
+            assert (entry["bytes_local"], entry["bytes_remote"]) == (
+                jobs[entry["target"]]["bytes_local"], jobs[entry["target"]]["bytes_remote"])
+
+    # afterwards: nothing to do; with -B every recipe again, each on the node that ran it
+    assert json.loads(gmount(here, "plan", "--json").stdout)["jobs"] == []
+    again = json.loads(gmount(here, "plan", "--json", "-B").stdout)
+    assert {job["job"]: job["node"] for job in again["jobs"]} == {j: jobs[j]["node"] for j in jobs}
+
+
+def test_gmount_make_n_prints_make_n_then_the_plan_and_make_n_points_to_it(cluster: LocalCluster) -> None:
+    wf = "wf-plan-n"
+    put_inputs(cluster, wf)
+    (cluster.export("n1") / wf / "Makefile").write_text(INCLUDE + WORKFLOW)
+    (cluster.export("n1") / wf / "sub").mkdir()
+    (cluster.export("n3") / wf / "sub").mkdir()
+    (cluster.export("n3") / wf / "sub" / "data.txt").write_text("on n3\n")
+    (cluster.export("n1") / wf / "sub" / "Makefile").write_text(INCLUDE + "out.txt: data.txt\n\tcp $< $@\n")
+    here = cluster.mount("n1") / wf
+    done = gmount(here, "make", "-n", "merged.txt", "sub-run", "--eval=sub-run:; $(MAKE) -C sub out.txt")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "cat up1.txt up2.txt up3.txt up4.txt > merged.txt" in out  # make's own -n output first
+    plan_at = out.index("plan of make -n merged.txt")
+    assert out.index("cat up1.txt") < plan_at
+    rows = {line.split()[0]: line.split()[1] for line in out[plan_at:].splitlines()[2:]
+            if line and not line.startswith(("total:", "~"))}
+    assert rows == {"up1.txt": "n1", "up2.txt": "n2", "up3.txt": "n3", "up4.txt": "n4", "merged.txt": "n4",
+                    "sub-run": "n1", "sub/out.txt": "n3"}  # the sub-make's recipe too, from its directory
+    assert not (here / "merged.txt").exists() and not (here / "sub" / "out.txt").exists()
+
+    plain = make(here, "-n", "merged.txt")
+    assert plain.returncode == 0 and "cat up1.txt" in plain.stdout
+    assert notices(plain.stderr) == ["gmount: make -n does not say where recipes would run; gmount make -n "
+                                     "(same arguments) or gmount plan does"]
+
+
+def test_gmount_plan_outside_a_mount_says_so(tmp_path: Path) -> None:
+    require("GNU make and gmount-sh", make_problem())
+    laptop_workflow(tmp_path)
+    done = gmount(tmp_path, "plan")
+    assert done.returncode == 1
+    assert done.stderr == (f"gmount: {tmp_path} is not inside a running gmount cluster's mount on this machine: "
+                           "make and Snakemake would run every job here (cd <mountpoint>/... to plan a run on a "
+                           "cluster)\n")
+    # gmount make -n outside a mount is make -n (with the one notice)
+    dry = gmount(tmp_path, "make", "-n")
+    assert dry.returncode == 0 and "cat up1.txt up2.txt > total.txt" in dry.stdout and len(notices(dry.stderr)) == 1
 
 
 # --------------------------------------------------------------------------- packaging
@@ -477,3 +683,171 @@ def test_make_example_workflow_runs_where_the_tiles_are(cluster: LocalCluster) -
     assert holder_on_disk(cluster, "make-example", "tile-001.words.txt") == "n3"
     summary = (here / "survey-summary.txt").read_text()
     assert summary.startswith("tile-001: 6 words\ntile-002: 6 words\n") and "TILE-002 OF THE SURVEY" in summary
+
+
+# --------------------------------------------------------------------------- the fast path: gmount-job and the daemon
+
+
+def job_socket(cluster: LocalCluster, node: str) -> Path:
+    return Path(jobsocket.socket_path(os.path.realpath(cluster.mount(node))))
+
+
+def test_make_recipes_are_placed_by_the_daemon_not_the_python_fallback(cluster: LocalCluster) -> None:
+    """make's SHELL is the C gmount-job and every recipe is placed by the node daemon: if the fast
+    path fell back to the Python wrapper (no socket, a wrong socket path, a bad reply), `via` says so."""
+    wf = "wf-fast"
+    put_inputs(cluster, wf)
+    (cluster.export("n1") / wf / "Makefile").write_text(
+        INCLUDE + WORKFLOW + "shell.txt:\n\techo '$(SHELL)' > $@\n")
+    here = cluster.mount("n1") / wf
+    result = make(here, "-j4", "all", "shell.txt")
+    assert result.returncode == 0, result.stderr
+    assert (here / "shell.txt").read_text().strip() == JOB_PROGRAM
+    entries = read_log(next((here / ".gmount").glob("make-*.jsonl")))
+    assert len(entries) == 2 * len(OUTPUTS) + 4 + 1  # stats recipes have three lines
+    assert {e["via"] for e in entries} == {"daemon"}, [e for e in entries if e["via"] != "daemon"]
+    for target in OUTPUTS:
+        assert {e["node"] for e in entries if e["target"] == target} == {expected_node(cluster, wf, target)}
+
+
+def test_make_falls_back_to_python_gmount_sh_without_a_job_socket(cluster: LocalCluster) -> None:
+    """A daemon without a job socket (an older one): the recipes still run where their inputs are,
+    through the Python wrapper, and the log says so."""
+    wf = "wf-nosocket"
+    put_inputs(cluster, wf)
+    (cluster.export("n1") / wf / "Makefile").write_text(INCLUDE + WORKFLOW)
+    here = cluster.mount("n1") / wf
+    sock = job_socket(cluster, "n1")
+    hidden = sock.with_name(sock.name + ".hidden")
+    sock.rename(hidden)
+    try:
+        result = make(here, "-j4", "merged.txt")
+    finally:
+        hidden.rename(sock)
+    assert result.returncode == 0, result.stderr
+    entries = read_log(next((here / ".gmount").glob("make-*.jsonl")))
+    assert {e["via"] for e in entries} == {"python"}
+    assert {(e["target"], e["node"]) for e in entries} == {
+        ("up1.txt", "n1"), ("up2.txt", "n2"), ("up3.txt", "n3"), ("up4.txt", "n4"), ("merged.txt", "n4")}
+    # and with the socket back, the daemon places again
+    again = make(here, "-B", "up3.txt", GMOUNT_PLACEMENT_LOG=str(here / "again.jsonl"))
+    assert again.returncode == 0, again.stderr
+    assert [(e["node"], e["via"]) for e in read_log(here / "again.jsonl")] == [("n3", "daemon")] * 2
+
+
+def test_make_error_names_the_node_through_the_daemon_and_the_python_path(cluster: LocalCluster) -> None:
+    """The line before make's error says the node and the status -- from gmount-job (the daemon placed the
+    recipe) and from the Python gmount-sh (no job socket) alike; a recipe killed by a signal too."""
+    wf = "wf-errors"
+    put_inputs(cluster, wf)
+    (cluster.export("n1") / wf / "Makefile").write_text(INCLUDE + (
+        "exit4: in4.txt\n\t@exit 4\n"
+        "killed: in2.txt\n\t@kill -TERM $$$$\n"
+        "notfound: in3.txt\n\t@no-such-command-here\n"
+        "ignored: in3.txt\n\t-@exit 5\n"))
+    here = cluster.mount("n1") / wf
+
+    def line_before_error(result: subprocess.CompletedProcess[str], target: str) -> str:
+        lines = result.stderr.splitlines()
+        at = next(i for i, line in enumerate(lines) if line.startswith("make: ") and f" {target}]" in line)
+        return lines[at - 1]
+
+    def check() -> None:
+        result = make(here, "-k", "exit4", "killed", "notfound")
+        assert result.returncode == 2
+        assert line_before_error(result, "exit4") == \
+            "gmount: target exit4 failed on node n4: its recipe exited with status 4"
+        assert line_before_error(result, "killed") == \
+            "gmount: target killed failed on node n2: its recipe was killed by signal 15 (Terminated)"
+        assert line_before_error(result, "notfound") == \
+            "gmount: target notfound failed on node n3: its recipe exited with status 127"
+        ignored = make(here, "ignored")
+        assert ignored.returncode == 0 and "Error 5 (ignored)" in ignored.stderr
+        assert "gmount: target ignored failed on node n3: its recipe exited with status 5" in ignored.stderr
+
+    check()  # gmount-job, placed by the daemon
+    sock = job_socket(cluster, "n1")
+    hidden = sock.with_name(sock.name + ".hidden")
+    sock.rename(hidden)
+    try:
+        check()  # the Python gmount-sh, placing by asking the mount
+    finally:
+        hidden.rename(sock)
+    entries = [e for log in (here / ".gmount").glob("make-*.jsonl") for e in read_log(log)]
+    assert {e["via"] for e in entries} == {"daemon", "python"}
+
+
+def test_gmount_job_writes_the_log_line_json_dumps_writes(cluster: LocalCluster, tmp_path: Path) -> None:
+    """The C program's JSON: a target with quotes, controls, non-ASCII and an undecodable byte reads
+    back as the string Python sees in the environment; a recipe's status and node are its own."""
+    wf = "wf-json"
+    put_inputs(cluster, wf)
+    here = cluster.mount("n1") / wf
+    log = tmp_path / "log" / "placement.jsonl"  # its directory is made
+    target = 'fits/"odd"\\ name\t\x01\x7f \u00e9\U0001f600 '.encode() + b"\xff\xc3("
+    environ = {**env(GMOUNT_PLACEMENT_LOG=str(log), GMOUNT_DEPS="in3.txt missing.txt /etc/hostname")}
+    environb = {os.fsencode(k): os.fsencode(v) for k, v in environ.items()}
+    environb[b"GMOUNT_TARGET"] = target
+    done = subprocess.run([JOB_PROGRAM, "-c", "echo $GMOUNT_NODE $PWD; exit 3"], cwd=here, env=environb,
+                          capture_output=True, text=True, errors="surrogateescape", timeout=60, check=False)
+    assert done.returncode == 3
+    assert done.stdout == f"n3 {cluster.mount('n3') / wf}\n"
+    assert done.stderr == f"gmount: target {os.fsdecode(target)} failed on node n3: its recipe exited with status 3\n"
+    line = log.read_text()
+    entry = json.loads(line)
+    assert entry["target"] == os.fsdecode(target)
+    assert json.dumps(os.fsdecode(target)) in line
+    assert {k: entry[k] for k in ("node", "make_node", "cluster", "cwd", "inputs", "bytes_local", "bytes_remote",
+                                  "status", "via")} == {
+        "node": "n3", "make_node": "n1", "cluster": cluster.spec.name, "cwd": f"/{wf}", "inputs": 2,
+        "bytes_local": (cluster.export("n3") / wf / "in3.txt").stat().st_size, "bytes_remote": 0, "status": 3,
+        "via": "daemon"}
+    assert isinstance(entry["seconds"], float) and isinstance(entry["time"], float)
+
+
+def test_gmount_job_dies_of_the_signal_that_killed_the_recipe(cluster: LocalCluster) -> None:
+    wf = "wf-killed"
+    put_inputs(cluster, wf)
+    here = cluster.mount("n1") / wf
+    done = subprocess.run([JOB_PROGRAM, "-c", "kill -TERM $$"], cwd=here, check=False, timeout=60,
+                          env=env(GMOUNT_TARGET="t", GMOUNT_DEPS="in2.txt", GMOUNT_PLACEMENT_LOG=""))
+    assert done.returncode == -signal.SIGTERM
+
+
+def test_gmount_job_without_target_is_the_recipe_shell(tmp_path: Path) -> None:
+    """$(shell ...) and a direct call without GMOUNT_TARGET: the recipe shell, here, nothing asked."""
+    require("GNU make and gmount-job", make_problem())
+    done = subprocess.run([JOB_PROGRAM, "-c", "echo $0 $PWD; exit 5"], cwd=tmp_path, check=False, timeout=60,
+                          capture_output=True, text=True, env=env(GMOUNT_RECIPE_SHELL="/bin/bash", PWD=str(tmp_path)))
+    assert (done.returncode, done.stdout) == (5, f"/bin/bash {tmp_path}\n")
+
+
+@pytest.mark.slow
+def test_wheel_carries_gmount_job_built_and_make_uses_it(cluster: LocalCluster, tmp_path: Path) -> None:
+    """`pip wheel` compiles gmount-job (setup.py) into a platform wheel, executable; installed from it,
+    gmount.mk makes it SHELL and the daemon places the recipe (not the Python fallback)."""
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"),
+                            str(REPO)], check=False, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    wheel = next((tmp_path / "dist").glob("gmountpy-*.whl"))
+    assert not wheel.name.endswith("-none-any.whl"), wheel.name  # a compiled program inside: a platform wheel
+    member = zipfile.ZipFile(wheel).getinfo("gmountpy_make/gmount-job")
+    assert (member.external_attr >> 16) & 0o111, oct(member.external_attr >> 16)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
+                                "-q", "--no-deps", "--no-index", str(wheel)],
+                               check=False, capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stderr
+    mk = next(venv.glob("lib/python*/site-packages/gmountpy_make/gmount.mk"))
+    assert os.access(mk.parent / "gmount-job", os.X_OK)
+    wf = "wf-wheel-job"
+    put_inputs(cluster, wf)
+    (cluster.export("n1") / wf / "Makefile").write_text(f"include {mk}\nout.txt: in4.txt\n\techo $$GMOUNT_NODE > $@\n")
+    here = cluster.mount("n1") / wf
+    result = subprocess.run(["make", "out.txt"], check=False, cwd=here, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    assert (here / "out.txt").read_text() == "n4\n"
+    assert [(e["node"], e["via"]) for e in read_log(next((here / ".gmount").glob("make-*.jsonl")))] == [
+        ("n4", "daemon")]

@@ -47,6 +47,9 @@ def test_make_over_ssh_runs_each_recipe_on_the_holder_and_ctrl_c_stops_it_there(
         bad = subprocess.run(["make", "bad"], cwd=mount, env=env(), capture_output=True, text=True,
                              timeout=180, check=False)
         assert bad.returncode == 2 and "Error 7" in bad.stderr and "to-stderr" in bad.stderr, bad.stderr
+        lines = bad.stderr.splitlines()
+        error = next(i for i, line in enumerate(lines) if line.endswith("bad] Error 7"))
+        assert lines[error - 1] == "gmount: target bad failed on node n2: its recipe exited with status 7", lines
 
         daemons = set(daemon_pids(sshd))
         pid_file = tmp_path / "n2" / "export" / "wf" / "slow.pid"  # the recipe runs in n2's mount

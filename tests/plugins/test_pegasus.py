@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import subprocess
 import time
 import uuid
@@ -26,12 +27,14 @@ from Pegasus.api import File, Job, Properties, Workflow
 
 import gmountpy.pegasus
 import gmountpy_pegasus
+import gmountpy_pegasus.catalogs
 from gmountpy import Cluster
 from gmountpy.cli import main as gmount_main
-from gmountpy_pegasus import parse_request, prepare
+from gmountpy.jobs import bypass
+from gmountpy_pegasus import parse_request, prepare, selector
 from gmountpy_pegasus.catalogs import CHOSEN_KEY, workflow_inputs
 
-from ..conftest import LocalCluster, wait_for
+from ..conftest import LocalCluster, fuse_problem, local_cluster, require, wait_for
 
 #: tile -> (holder node, size): two big tiles on n1, one on n2, two on n3, one on n4
 TILES = {0: ("n1", 96_000), 1: ("n1", 80_000), 2: ("n2", 64_000), 3: ("n3", 90_000), 4: ("n3", 70_000),
@@ -144,7 +147,9 @@ def test_montage_catalogs_load_back_with_sites_replicas_and_profiles(cluster4: L
             assert d["path"] == f"{mount}/pegasus/{name}/{sub}" and d["sharedFileSystem"] is True
             assert d["fileServers"] == [{"url": f"file://{d['path']}", "operation": "all"}]
         assert site["profiles"]["condor"]["requirements"].startswith('(Machine == "')
-        assert site["profiles"]["env"] == {"GMOUNT_NODE": name, "GMOUNT_CLUSTER": api.name}
+        # nodes on this machine: their jobs preload the local bypass (docs/bypass.md)
+        assert site["profiles"]["env"] == {"GMOUNT_NODE": name, "GMOUNT_CLUSTER": api.name,
+                                           "LD_PRELOAD": bypass.library()}
 
     # Replica catalog: every workflow input, at each holder, in its mount and on its disk.
     replicas = {r["lfn"]: r["pfns"] for r in load(prepared.replicas)["replicas"]}
@@ -355,3 +360,54 @@ def test_callout_failures_say_why_and_answer_none(api: Cluster, data: str, tmp_p
 
     status, out, err, _ = planner_call(prepared.properties, "version=2.0\n", tmp_path)
     assert status == 1 and solution(out) == "NONE" and "no job.id" in err
+
+
+def test_callout_answers_even_when_placement_fails_unexpectedly(api: Cluster, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A bug in placement must not leave the planner waiting (300 s per job) for an answer that
+    never comes: the job gets a site anyway, and stderr says what failed."""
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug in placement")
+
+    monkeypatch.setattr(selector, "choose_site", broken)
+    monkeypatch.setenv("GMOUNT_CLUSTER", api.name)
+    request_file = tmp_path / "request"
+    answers = set()
+    for job in range(6):
+        request_file.write_text(request(f"mAdd_{job}", ["raw/tile0.fits"], ["n1", "n3", "condorpool"]))
+        status = selector.main([str(request_file)])
+        out, err = capsys.readouterr()
+        assert status == 0 and "RuntimeError: a bug in placement" in err and "fell back" in err, (out, err)
+        answers.add(solution(out))
+    assert answers <= {"n1", "n3"} and len(answers) == 2  # the gmount candidates, spread by job id
+
+
+def test_callout_places_over_the_nodes_that_answer_when_one_is_down(tmp_path: Path) -> None:
+    """A node that is down -- here n1, the node the cluster is asked from by default -- is left out:
+    jobs go to the nodes that answer instead of the whole plan stopping at SOLUTION:NONE."""
+    require("FUSE", fuse_problem())
+    with local_cluster(tmp_path / "c", f"pegdown-{os.getpid()}", {"a": ["n1", "n2"], "b": ["n3"]},
+                       [("a", "b", 5.0)]) as cluster:
+        put(cluster, "n2", "/in/big.fits", 90_000)
+        put(cluster, "n3", "/in/small.fits", 10_000)
+        os.kill(cluster.state.nodes["n1"].pid, signal.SIGKILL)
+        env = {"HOME": os.environ.get("HOME", "/root"), "USER": "pegasus", "LOGNAME": "pegasus", "TZ": "UTC",
+               "TMP": str(tmp_path), "GMOUNT_CLUSTER": cluster.spec.name, "GMOUNT_PEGASUS_ROOT": "/in",
+               "XDG_STATE_HOME": os.environ["XDG_STATE_HOME"]}
+
+        def ask(text: str) -> tuple[int, str, str]:
+            request_file = tmp_path / f"request{time.monotonic_ns()}"
+            request_file.write_text(text)
+            done = subprocess.run([gmountpy_pegasus.catalogs.selector_path(), str(request_file)], env=env,
+                                  capture_output=True, text=True, timeout=60, check=False)
+            return done.returncode, solution(done.stdout), done.stderr
+
+        every = ["n1", "n2", "n3"]
+        status, site, err = ask(request("mProject_0", ["big.fits", "small.fits"], every))
+        assert (status, site) == (0, "n2"), err
+        assert "n1" in err and "not answering" in err
+        spread = {ask(request(f"mDiffFit_{job}", ["nowhere.fits"], every))[1] for job in range(4)}
+        assert spread <= {"n2", "n3"} and spread, spread
+        status, site, err = ask(request("mAdd", ["big.fits"], ["n1"]))
+        assert (status, site) == (0, "NONE") and "answers" in err, err

@@ -16,6 +16,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -134,6 +135,8 @@ def test_snakemake_runs_every_job_where_its_inputs_are(cluster4: LocalCluster, w
     subprocess.run([sys.executable, "-m", "gmountpy", "snakemake-profile", str(head / "profiles" / "default"),
                     "--latency-wait", "5"], check=True, capture_output=True, timeout=60)
     cwd = cluster4.mount("n1") / workdir
+    plan = gmount_plan(cwd)  # before the run: from Snakemake's DAG, nothing run
+    assert not (cwd / "work").exists()
     run = snakemake(cwd, "-j4")
     assert "gmount: job upper" in run.stderr + run.stdout
 
@@ -156,6 +159,21 @@ def test_snakemake_runs_every_job_where_its_inputs_are(cluster4: LocalCluster, w
     merge = next(r for r in records if r["rule"] == "merge")
     assert merge["node"] == "n4" and merge["input_bytes_remote"] > 0  # read n1..n3's outputs at once
 
+    # the plan said it all beforehand: every job's node; the bytes of jobs whose inputs existed exactly,
+    # the others' estimated (their inputs were outputs of planned jobs)
+    assert plan["head_node"] == "n1" and plan["total"]["jobs"] == len(records) == 9
+    planned = {(job["rule"], tuple(job["inputs"])): job for job in plan["jobs"]}
+    for record in records:
+        job = planned[(str(record["rule"]), tuple(record["inputs"]))]  # type: ignore[arg-type]
+        assert job["node"] == record["node"], (job, record)
+        if record["rule"] == "upper":
+            assert (job["bytes_local"], job["bytes_remote"]) == (record["input_bytes_local"],
+                                                                 record["input_bytes_remote"])
+            assert not job["planned_inputs"] and not job["bytes_local_estimated"]
+        else:
+            assert job["planned_inputs"] == job["inputs"] and job["bytes_local_estimated"]
+    assert plan["total"]["bytes_remote"] == sum(job["bytes_remote"] for job in plan["jobs"]) > 0
+
     # outputs land in the export of the node that made them
     for s, i in (("s1", 1), ("s2", 2), ("s3", 3), ("s4", 4)):
         assert holder(cluster4, workdir, f"work/{s}.up") == [f"n{i}"]
@@ -177,6 +195,103 @@ def test_snakemake_runs_every_job_where_its_inputs_are(cluster4: LocalCluster, w
     # a second run has nothing to do (mtimes and metadata agree across nodes)
     again = snakemake(cwd, "-j4")
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def gmount_plan(cwd: Path, *args: str) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-m", "gmountpy", "plan", "--json", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=RUN_TIMEOUT, check=False)
+    assert done.returncode == 0, done.stderr
+    plan: dict[str, Any] = json.loads(done.stdout)
+    return plan
+
+
+CONFIGURED = """\
+configfile: "config.yaml"
+localrules: summary
+
+rule all:
+    input: "summary.txt"
+
+rule align:
+    input: "reads/{sample}.fq"
+    output: "aligned/{sample}.txt"
+    shell: "wc -c < {input} > {output}"
+
+rule summary:
+    input: expand("aligned/{sample}.txt", sample=config["samples"])
+    output: "summary.txt"
+    shell: "cat {input} > {output}"
+"""
+
+
+def test_gmount_plan_follows_config_targets_and_localrules(cluster4: LocalCluster, workdir: str) -> None:
+    """Snakemake's own DAG: --config and the configfile decide the jobs, a target narrows them, a local rule
+    stays on the node Snakemake runs on; the text form names every job and the totals."""
+    spread(cluster4, workdir, {"reads/a.fq": ("n2", b"a" * 3000), "reads/b.fq": ("n3", b"b" * 5000),
+                               "reads/c.fq": ("n4", b"c" * 7000)})
+    head = cluster4.export("n1") / workdir
+    head.mkdir(parents=True, exist_ok=True)
+    (head / "Snakefile").write_text(CONFIGURED)
+    (head / "config.yaml").write_text("samples: [a, b]\n")
+    cwd = cluster4.mount("n1") / workdir
+    plan = gmount_plan(cwd)
+    assert [(job["job"], job["node"]) for job in plan["jobs"]] == [
+        ("align sample=a", "n2"), ("align sample=b", "n3"), ("summary", "n1")]
+    summary = plan["jobs"][2]
+    assert summary["reason"] == "local rule: runs where Snakemake runs (n1)"
+    assert summary["planned_inputs"] == ["aligned/a.txt", "aligned/b.txt"] and summary["bytes_remote_estimated"]
+    assert plan["jobs"][1]["bytes_local"] == 5000 and plan["jobs"][1]["bytes_remote"] == 0
+
+    every = gmount_plan(cwd, "--config", "samples=[a, b, c]")
+    assert [job["node"] for job in every["jobs"]] == ["n2", "n3", "n4", "n1"]
+    one = gmount_plan(cwd, "aligned/c.txt", "--config", "samples=[a, b, c]")
+    assert [(job["job"], job["node"]) for job in one["jobs"]] == [("align sample=c", "n4")]
+
+    text = subprocess.run([sys.executable, "-m", "gmountpy", "plan"], cwd=cwd, capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT, check=False)
+    assert text.returncode == 0, text.stderr
+    assert f"plan of Snakefile {cwd / 'Snakefile'} in /{workdir}: cluster {cluster4.spec.name}, run from node n1" \
+        in text.stdout
+    assert "total: 3 jobs (n1 1, n2 1, n3 1); input bytes read locally 7.8 KiB, from other nodes ~" in text.stdout
+    assert not (cwd / "aligned").exists() and not (cwd / "summary.txt").exists()
+
+    # a Snakefile that cannot be built: Snakemake's reason, one line, no traceback
+    (head / "config.yaml").write_text("samples: [a, zz]\n")
+    broken = subprocess.run([sys.executable, "-m", "gmountpy", "plan"], cwd=cwd, capture_output=True, text=True,
+                            timeout=RUN_TIMEOUT, check=False)
+    assert broken.returncode == 1 and "Traceback" not in broken.stderr
+    assert broken.stderr.startswith("gmount: Snakemake cannot build the DAG: ") and "reads/zz.fq" in broken.stderr
+
+
+def test_executor_without_a_job_socket_places_with_the_same_rule(cluster4: LocalCluster, workdir: str) -> None:
+    """A head daemon without a job socket: the executor decides itself with the rule the daemon applies
+    (`place`, shared with gmount plan), from what the mount says: the log says "api", the nodes agree."""
+    from gmountpy.cluster import jobsocket
+
+    spread(cluster4, workdir, {"data/a.txt": ("n3", b"a" * 4000), "data/b.txt": ("n4", b"b" * 1000),
+                               "data/dir/x": ("n2", b"x" * 500), "data/dir/y": ("n2", b"y" * 700)})
+    head = cluster4.export("n1") / workdir
+    head.mkdir(parents=True, exist_ok=True)
+    (head / "Snakefile").write_text(
+        'rule all:\n    input: "ab.txt", "dir.txt", "none.txt"\n'
+        'rule ab:\n    input: "data/a.txt", "data/b.txt"\n    output: "ab.txt"\n    shell: "cat {input} > {output}"\n'
+        'rule dir:\n    input: "data/dir"\n    output: "dir.txt"\n    shell: "ls {input} > {output}"\n'
+        'rule none:\n    output: "none.txt"\n    shell: "echo $GMOUNT_NODE > {output}"\n')
+    cwd = cluster4.mount("n1") / workdir
+    plan = {job["job"]: job["node"] for job in gmount_plan(cwd)["jobs"]}
+    sock = Path(jobsocket.socket_path(os.path.realpath(cluster4.mount("n1"))))
+    hidden = sock.with_name(sock.name + ".hidden")
+    sock.rename(hidden)
+    try:
+        snakemake(cwd, "--executor", "gmount", "-j4", "--gmount-placement-log", "placement.jsonl")
+    finally:
+        hidden.rename(sock)
+    records = {str(r["rule"]): r for r in placement_records(cwd / "placement.jsonl")}
+    assert {rule: (r["node"], r["placed_by"]) for rule, r in records.items()} == {
+        "ab": ("n3", "api"), "dir": ("n2", "api"), "none": ("n1", "api")}
+    assert (records["ab"]["input_bytes_local"], records["ab"]["input_bytes_remote"]) == (4000, 1000)
+    assert records["dir"]["input_bytes_local"] == 1200
+    assert plan == {rule: r["node"] for rule, r in records.items()}
 
 
 # -- failures, --keep-going, retries, group jobs, pinned nodes ---------------------------------------------
@@ -227,6 +342,11 @@ def test_failures_keep_going_retries_groups_and_pins(cluster4: LocalCluster, wor
     head.mkdir(parents=True, exist_ok=True)
     (head / "Snakefile").write_text(FAILURES)
     cwd = cluster4.mount("n1") / workdir
+    plan = {job["job"]: job for job in gmount_plan(cwd)["jobs"]}
+    assert {name: job["node"] for name, job in plan.items()} == {
+        "good": "n3", "flaky": "n3", "bad": "n2", "group g: group_a, group_b": "n4", "pinned": "n1"}
+    assert plan["pinned"]["reason"] == "resources.gmount_node"
+    assert plan["group g: group_a, group_b"]["inputs"] == ["data/grp.txt"]  # what the group reads from outside
     run = snakemake(cwd, "--executor", "gmount", "-j4", "--latency-wait", "5", "--keep-going", "--retries", "1",
                     "--gmount-placement-log", "placement.jsonl", check=False)
     output = run.stdout + run.stderr
@@ -308,7 +428,7 @@ rule slow:
     assert wait_for(lambda: not processes_mentioning(f"sleep {token}") and not processes_mentioning(workdir),
                     timeout=15), (processes_mentioning(f"sleep {token}"), processes_mentioning(workdir))
     records = placement_records(cwd / "placement.jsonl")
-    assert len(records) == 4 and all(r.get("cancelled") for r in records), records
+    assert len(records) == 4 and all(r.get("cancelled") for r in records), json.dumps(records, indent=0)
     assert not list(cwd.glob("out/*"))
 
 
@@ -412,3 +532,110 @@ def test_plugins_are_discovered_from_an_installed_wheel(tmp_path: Path) -> None:
     assert helped.returncode == 0, helped.stderr[-3000:]
     assert "--gmount-placement-log" in helped.stdout and "--storage-gmount-node" in helped.stdout
     shutil.rmtree(venv)
+
+
+# -- shell: jobs run alone on their node; Snakemake's semantics hold ---------------------------------------
+
+SEMANTICS = """\
+rule all:
+    input: "final.txt", "py.txt"
+
+rule first:
+    input: "data/in.txt"
+    output: temp("tmp/first.txt")
+    log: "logs/first.log"
+    threads: 2
+    params: tag=lambda wildcards: "tag-" + "x"
+    shell: "echo $OMP_NUM_THREADS {params.tag} {threads} $(ls .snakemake/incomplete | wc -l) > {output}; "
+           "echo logged-on-$GMOUNT_NODE > {log}"
+
+rule second:
+    input: "tmp/first.txt"
+    output: protected("final.txt")
+    shell: "cat {input} > {output}"
+
+rule python:
+    input: "data/in.txt"
+    output: "py.txt"
+    run:
+        shell("echo from-run-on-$GMOUNT_NODE > {output}")
+
+rule partial:
+    input: "data/in.txt"
+    output: "partial.txt"
+    shell: "echo half > {output}; echo partial-fails >&2; exit 4"
+"""
+
+
+def test_shell_jobs_run_alone_on_their_node_with_snakemakes_semantics(cluster4: LocalCluster, workdir: str) -> None:
+    """A `shell:` rule's command runs by itself on the node holding its inputs (no Snakemake process
+    per job: the placement log says "shell", and must -- a silent fall back to the job's own Snakemake
+    fails here), with what Snakemake gives a command: threads, params, logs, temp(), protected(),
+    incomplete markers while it runs, and a failed job's outputs removed. A `run:` rule keeps its own
+    Snakemake process."""
+    spread(cluster4, workdir, {"data/in.txt": ("n3", b"input on n3\n" * 50)})
+    head = cluster4.export("n1") / workdir
+    head.mkdir(parents=True, exist_ok=True)
+    (head / "Snakefile").write_text(SEMANTICS)
+    cwd = cluster4.mount("n1") / workdir
+    run = snakemake(cwd, "--executor", "gmount", "-j4", "--gmount-placement-log", "placement.jsonl")
+    assert "gmount: job first" in run.stdout + run.stderr
+    records = {str(r["rule"]): r for r in placement_records(cwd / "placement.jsonl")}
+    assert {rule: (r["node"], r["via"], r["placed_by"]) for rule, r in records.items()} == {
+        "first": ("n3", "shell", "daemon"), "second": ("n3", "shell", "daemon"),
+        "python": ("n3", "snakemake", "daemon")}
+    assert records["python"]["snakemake_because"] == "run: directive (or no shell command)"
+    # threads and params as Snakemake formats them; the job's own incomplete marker was there
+    threads, tag, formatted, markers = (cwd / "final.txt").read_text().split()
+    assert (threads, tag, formatted) == ("2", "tag-x", "2") and int(markers) >= 1
+    assert (cwd / "logs" / "first.log").read_text() == "logged-on-n3\n"
+    assert (cwd / "py.txt").read_text() == "from-run-on-n3\n"
+    assert holder(cluster4, workdir, "final.txt") == ["n3"]
+    # temp(): removed once its consumer finished; protected(): write-protected where it lies
+    assert not (cwd / "tmp" / "first.txt").exists() and holder(cluster4, workdir, "tmp/first.txt") == []
+    assert (cluster4.export("n3") / workdir / "final.txt").stat().st_mode & 0o222 == 0
+    assert not list((cwd / ".snakemake" / "incomplete").glob("*"))  # markers gone after success
+    again = snakemake(cwd, "--executor", "gmount", "-j4")
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+    # a failing command: Snakemake removes what it wrote, the error names the node and shows its stderr
+    failed = snakemake(cwd, "--executor", "gmount", "-j4", "--gmount-placement-log", "failed.jsonl",
+                       "partial.txt", check=False)
+    output = failed.stdout + failed.stderr
+    assert failed.returncode != 0
+    assert "failed on node n3: its command exited with status 4. Its stderr there:\npartial-fails\n" in output
+    assert "Removing output files of failed job partial" in output
+    assert not (cwd / "partial.txt").exists() and holder(cluster4, workdir, "partial.txt") == []
+    assert [(r["via"], r["exit"], r["command_exit"]) for r in placement_records(cwd / "failed.jsonl")] == [
+        ("shell", 4, 4)]
+
+
+def test_variant_calling_workflow_through_the_profile_matches_plain_snakemake(cluster4: LocalCluster,
+                                                                              workdir: str, tmp_path: Path) -> None:
+    """The tutorial's bwa -> samtools -> bcftools workflow with the gmount profile inside a mount, each
+    sample's reads on another node, against plain Snakemake in a plain directory: the same bytes, and
+    every per-sample job ran on its sample's node as a plain shell job."""
+    from benchmarks import bench_variants as variants
+
+    require("bwa, samtools, bcftools", variants.tools_problem())
+    files = variants.prepare(20, 2000, tmp_path / "inputs")
+    variants.place_inputs(files, {name: cluster4.export(variants.node_of(name)) / workdir for name in files})
+    cluster4.rescan()
+    head = cluster4.export("n1") / workdir
+    (head / "Snakefile").write_text(variants.SNAKEFILE)
+    variants.write_profile(head)
+    plain = tmp_path / "plain"
+    variants.place_inputs(files, {name: plain for name in files})
+    (plain / "Snakefile").write_text(variants.SNAKEFILE)
+    cwd = cluster4.mount("n1") / workdir
+    variants.run_snakemake(cwd, 4, timeout=RUN_TIMEOUT)
+    variants.run_snakemake(plain, 4, timeout=RUN_TIMEOUT)
+    assert variants.differences(cwd, plain) == []
+    records = placement_records(next((cwd / ".gmount").glob("snakemake-*.jsonl")))
+    assert {(r["via"], r["placed_by"]) for r in records} == {("shell", "daemon")}
+    for sample, node in variants.SAMPLES.items():
+        assert holder(cluster4, workdir, f"sorted_reads/{sample}.bam") == [node]
+        assert holder(cluster4, workdir, f"sorted_reads/{sample}.bam.bai") == [node]
+        assert holder(cluster4, workdir, f"logs/bwa_map/{sample}.log") == [node]
+        assert holder(cluster4, workdir, f"mapped_reads/{sample}.bam") == []  # temp(), removed
+    assert holder(cluster4, workdir, "data/genome.fa.bwt") == ["n1"]
