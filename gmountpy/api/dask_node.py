@@ -74,7 +74,7 @@ def _install_cluster_state(shipped: dict[str, Any], private: str) -> None:
     state = ClusterState.from_dict(shipped["state"])
     state_store.save(state, bytes.fromhex(shipped["secret"]))
     if shipped.get("tls_ca"):
-        state_store.save_tls(state.name, shipped["tls_ca"], {})
+        state_store.save_tls(state.name, shipped["tls_ca"], {}, client=shipped.get("tls_client"))
 
 
 def _security(config: dict[str, Any]) -> Any:

@@ -116,15 +116,30 @@ def load_secret(name: str) -> bytes:
         raise GmountError(f"no secret for cluster {name!r} at {path}: was it started by this user?") from None
 
 
-def save_tls(name: str, ca_pem: str, nodes: dict[str, dict[str, str]], ca_key: str | None = None) -> None:
+def save_tls(name: str, ca_pem: str, nodes: dict[str, dict[str, str]], ca_key: str | None = None,
+             client: dict[str, str] | None = None) -> None:
     """The cluster CA (public) and each node's key and certificate (private: reused when a node restarts).
 
-    With `ca_key` the CA's key is kept too, so `gmount up` can reissue expiring node certificates.
+    With `ca_key` the CA's key is kept too, so `gmount up` can reissue expiring node certificates
+    and clients can make their own. Where the CA key must not go (a remote node running code of
+    the user's, e.g. Dask), `client` keeps one client certificate instead ({"name", "cert", "key"}).
     """
     data: dict[str, Any] = {"ca": ca_pem, "nodes": nodes}
     if ca_key is not None:
         data["ca_key"] = ca_key
+    if client is not None:
+        data["client"] = client
     _write_private(os.path.join(state_dir(), name + ".tls.json"), json.dumps(data).encode())
+
+
+def load_tls_client(name: str) -> tuple[str, str, str] | None:
+    """The client certificate kept by save_tls: (the name it was made for, certificate, key), or None."""
+    try:
+        with open(os.path.join(state_dir(), name + ".tls.json")) as f:
+            client = json.load(f).get("client")
+        return (client["name"], client["cert"], client["key"]) if isinstance(client, dict) else None
+    except (FileNotFoundError, ValueError, AttributeError, KeyError):
+        return None
 
 
 def load_tls_ca_key(name: str) -> str | None:

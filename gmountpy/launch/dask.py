@@ -42,6 +42,8 @@ from .._sync import blocking
 from ..cluster import state as state_store
 from ..cluster.state import ClusterState
 from ..errors import GmountError
+from ..protocol.client import CLIENT_NAME
+from ..protocol.tls import CA_VALIDITY, ClusterCA
 from .local import LocalProcess
 from .orchestrate import _expect
 
@@ -284,10 +286,20 @@ def _over_ssh(state: ClusterState, node: str) -> bool:
 
 
 def _shipped_state(state: ClusterState) -> dict[str, Any]:
-    """What code on a remote node needs to open the cluster: its record, secret and CA (not the CA's key)."""
-    shipped: dict[str, Any] = {"state": state.to_dict(), "secret": state_store.load_secret(state.name).hex()}
+    """What code on a remote node needs to open the cluster: its record, secret, CA and a client
+    certificate of its own (never the CA's key)."""
+    secret = state_store.load_secret(state.name)
+    shipped: dict[str, Any] = {"state": state.to_dict(), "secret": secret.hex()}
     if state.spec.tls:
-        shipped["tls_ca"] = state_store.load_tls(state.name)[0]
+        ca_pem = state_store.load_tls(state.name)[0]
+        ca_key = state_store.load_tls_ca_key(state.name)
+        if ca_key is None:
+            raise GmountError(f"cluster {state.name!r} uses TLS, but the key of its CA is not kept in this user's "
+                              "state: Dask's remote workers cannot get a client certificate; run `gmount down` "
+                              "and `gmount up` again")
+        client = ClusterCA(ca_pem, ca_key).issue_client(CLIENT_NAME, secret=secret, validity=CA_VALIDITY)
+        shipped["tls_ca"] = ca_pem
+        shipped["tls_client"] = {"name": CLIENT_NAME, "cert": client.cert, "key": client.key}
     return shipped
 
 

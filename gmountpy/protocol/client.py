@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import trio
 
 from .._trio import open_nursery
-from ..cluster.state import ClusterState, load_secret, load_tls, load_tls_ca_key
+from ..cluster.state import ClusterState, load_secret, load_tls, load_tls_ca_key, load_tls_client
 from ..errors import GmountError, NodeUnavailable, PeerUnavailable
 from . import rpc
 from .messages import Close, Closedir, Open, Opendir, Ping, PingReply, PutAbort, PutOpen, R, Request
@@ -196,17 +196,21 @@ class ClusterClient:
         return NodeUnavailable(node, reason + advice, exc.errno or errno.EHOSTDOWN)
 
 
+#: The name clients outside the cluster give in their hello (and their certificates are made for).
+CLIENT_NAME = "gmount-client"
+
 #: (cluster, CA certificate, client name, secret given) -> the certificate this process presents.
 _client_certificates: dict[tuple[str, str, str, bytes | None], NodeCredentials] = {}
 
 
-def client_ssl(state: ClusterState, name: str = "gmount-client", secret: bytes | None = None
+def client_ssl(state: ClusterState, name: str = CLIENT_NAME, secret: bytes | None = None
                ) -> ssl.SSLContext | None:
     """The TLS context for talking to this cluster's daemons as `name` (None when it does not use TLS).
 
     Daemons ask for a client certificate: this process makes itself one for
     `name`, valid a day, from the CA key the launcher keeps beside the cluster
-    state (mode 0600, like the secret).
+    state (mode 0600, like the secret); where the launcher gave a certificate
+    instead of the key (a remote node running Dask), that one (see client_name).
     """
     if not state.spec.tls:
         return None
@@ -215,11 +219,17 @@ def client_ssl(state: ClusterState, name: str = "gmount-client", secret: bytes |
     credentials = _client_certificates.get(key)
     if credentials is None or expiring(credentials.cert, datetime.timedelta(hours=1)):
         ca_key = load_tls_ca_key(state.name)
-        if ca_key is None:
-            raise GmountError(f"cluster {state.name!r} uses TLS, but the key of its CA is not kept in this user's "
-                              "state: a client cannot get a certificate; run `gmount down` and `gmount up` again")
-        credentials = _client_certificates[key] = ClusterCA(ca_pem, ca_key).issue_client(
-            name, secret=secret if secret is not None else load_secret(state.name))
+        kept = load_tls_client(state.name)
+        if ca_key is not None:
+            credentials = ClusterCA(ca_pem, ca_key).issue_client(
+                name, secret=secret if secret is not None else load_secret(state.name))
+        elif kept is not None and kept[0] == name:  # given by the launcher to a node without the CA key
+            credentials = NodeCredentials(ca_pem, kept[1], kept[2])
+        else:
+            raise GmountError(f"cluster {state.name!r} uses TLS, but neither the key of its CA nor a client "
+                              "certificate is kept in this user's state: a client cannot connect; run "
+                              "`gmount down` and `gmount up` again")
+        _client_certificates[key] = credentials
     return client_context(ca_pem, credentials)
 
 
@@ -230,8 +240,18 @@ def status_advice(state: ClusterState) -> str:
             f"`gmount up {source}` restarts the ones that stopped")
 
 
+def client_name(state: ClusterState, name: str) -> str:
+    """The name a client gives in its hello: `name`, unless this process can present only the client
+    certificate the launcher gave it -- then the name that certificate was made for."""
+    if state.spec.tls and load_tls_ca_key(state.name) is None:
+        kept = load_tls_client(state.name)
+        if kept is not None:
+            return kept[0]
+    return name
+
+
 @asynccontextmanager
-async def open_client(state: ClusterState, *, name: str = "gmount-client", secret: bytes | None = None,
+async def open_client(state: ClusterState, *, name: str = CLIENT_NAME, secret: bytes | None = None,
                       rpc_timeout: float = 10.0, connect_timeout: float = 3.0,
                       advise: bool = True) -> AsyncIterator[ClusterClient]:
     """A ClusterClient for a running cluster, its connections closed on exit.
@@ -239,6 +259,7 @@ async def open_client(state: ClusterState, *, name: str = "gmount-client", secre
     `advise=False` leaves the advice out of errors (for `gmount status` itself).
     """
     key = secret if secret is not None else load_secret(state.name)
+    name = client_name(state, name)
     async with open_nursery() as nursery:
         client = ClusterClient(nursery, key, name=name, cluster=state.name, ssl_context=client_ssl(state, name, key),
                                addresses={n: (r.host, r.port) for n, r in state.nodes.items()},
