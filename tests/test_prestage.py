@@ -274,3 +274,16 @@ def test_a_job_waiting_for_a_small_input_is_spread_but_not_one_waiting_for_a_lar
     requests = planner.update(holdings, done=[])
     assert (planner.plan["p0"], planner.plan["p1"]) == ("n1", "n2") and ("raw1", "n2") in requests
     assert planner.plan["q0"] == planner.plan["q1"] == planner.plan["big"]  # they wait with it, wherever it runs
+
+
+def test_outputs_still_to_be_made_are_guessed_at_what_their_job_reads_shared_by_its_outputs() -> None:
+    """bwa index makes five files from a small genome on n1; bwa mem reads them and a sample's reads on
+    n2: the job is planned on n2 and nothing is staged (the five outputs are not five times the genome)."""
+    dag = Dag({"genome.bwt": ("genome.fa",), "a.bam": ("genome.fa", "genome.bwt", "genome.sa", "genome.pac",
+                                                       "genome.amb", "genome.ann", "a.fastq")},
+              {"genome.sa": "genome.bwt", "genome.pac": "genome.bwt", "genome.amb": "genome.bwt",
+               "genome.ann": "genome.bwt"}, ("genome.bwt", "a.bam"))
+    holdings = {"genome.fa": {"n1": 100 * 1024}, "a.fastq": {"n2": 2 * MIB}}
+    planner = Planner(dag, ["n1", "n2"])
+    assert planner.update(holdings, done=[]) == []
+    assert planner.plan == {"genome.bwt": "n1", "a.bam": "n2"}

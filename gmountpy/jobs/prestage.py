@@ -6,7 +6,9 @@ corrected tile. Knowing the workflow's DAG, such reads can be moved out of the j
 
 - `plan`: for every job not started yet, the node it will run on: the node holding most
   of its input bytes, counting inputs not produced yet on the node their producer is planned
-  on (estimated at the size of the job's produced inputs), in units of `min_bytes` (small
+  on (estimated at the bytes their producer reads times the bytes written per byte read by
+  the jobs done so far, shared by its outputs; else at the size of the job's produced
+  inputs), in units of `min_bytes` (small
   tables do not decide); ties go to the node where inputs are still to be produced (they
   cannot be moved ahead of time, the produced ones can), then to the node with fewer planned
   jobs, then to the node holding more of the inputs, then to cluster order. Then, as an engine
@@ -14,10 +16,11 @@ corrected tile. Knowing the workflow's DAG, such reads can be moved out of the j
   its level (depth in the DAG) than another node goes to that node if its inputs, all made
   already, cost at most `move_bytes` to stage there. A job keeps its plan once something was
   staged for it.
-- the plan is written next to the placement log (`<log>.plan`, "target<TAB>node" lines): the
-  make plugin runs a job on its planned node when that node is a candidate under the
-  placement rule (holds at least half of the best node's bytes), so that replicas made for
-  one job do not pull other jobs after them.
+- the plan of the jobs something was staged for is written next to the placement log
+  (`<log>.plan`, "target<TAB>node" lines; the Snakemake executor asks `planned`): the plugins
+  run such a job on its planned node when that node is a candidate under the placement rule
+  (holds at least half of the best node's bytes), so that replicas made for one job do not
+  pull other jobs after them. Other jobs are placed by the rule alone.
 - every produced input of a planned job that is not on its planned node (and at least
   `min_bytes`) is staged there, as a verified replica (`Cluster.stage`), in the order the
   engine will run the jobs -- while other jobs run. When the consumer starts, the placement
@@ -88,6 +91,10 @@ class Planner:
         self.sticky: set[str] = set()        # jobs something was staged for: their plan stays
         self.staged: set[tuple[str, str]] = set()  # (path, node) asked for
         self.level = self._levels()          # job -> depth in the DAG: jobs of one level tend to run together
+        self._sides: dict[str, list[str]] = {}  # job -> its side outputs
+        for side, job in dag.side.items():
+            self._sides.setdefault(job, []).append(side)
+        self._grown = 1.0                    # `_growth` at the last update
 
     def _levels(self) -> dict[str, int]:
         level: dict[str, int] = {}
@@ -105,6 +112,7 @@ class Planner:
         ready jobs (every input produced) in the engine's order are taken to be starting now: a copy
         would come too late for them, so nothing is staged for them."""
         finished = set(done) | set(started)
+        self._grown = self._growth(holdings, set(done))
         load = {node: 0 for node in self.nodes}
         level_load: dict[int, dict[str, int]] = {}
         for job in self.dag.order:
@@ -162,13 +170,31 @@ class Planner:
                 cost += max(held.values())
         return lightest if cost <= self.move_bytes else node
 
-    def _estimate(self, path: str, holdings: Mapping[str, Mapping[str, int]]) -> int | None:
-        """The size of a file not made yet, guessed as the bytes its job reads (None: not known yet)."""
-        producer = self.dag.producer(path)
-        if producer is None:
-            return None
-        sizes = [max(held.values()) for held in (holdings.get(p) for p in self.dag.inputs(producer)) if held]
+    def _read_bytes(self, job: str, holdings: Mapping[str, Mapping[str, int]]) -> int | None:
+        sizes = [max(held.values()) for held in (holdings.get(p) for p in self.dag.inputs(job)) if held]
         return sum(sizes) if sizes else None
+
+    def _growth(self, holdings: Mapping[str, Mapping[str, int]], done: set[str]) -> float:
+        """Bytes written per byte read by the jobs finished so far (1 before any): outputs still to be made
+        are guessed with it (Montage's projections are several times their raw tiles)."""
+        read = written = 0
+        for job in done:
+            made = holdings.get(job)
+            inputs = self._read_bytes(job, holdings) if made else None
+            if made and inputs:
+                read += inputs
+                sides = [holdings.get(side) for side in self._sides.get(job, ())]
+                written += max(made.values()) + sum(max(held.values()) for held in sides if held)
+        return written / read if read else 1.0
+
+    def _estimate(self, path: str, holdings: Mapping[str, Mapping[str, int]]) -> int | None:
+        """The size of a file not made yet: the bytes its job reads, times the growth seen so far, shared by
+        the job's outputs (None: not known yet). bwa index's five outputs are not five times its genome."""
+        producer = self.dag.producer(path)
+        read = self._read_bytes(producer, holdings) if producer is not None else None
+        if producer is None or read is None:
+            return None
+        return int(read * self._grown / (1 + len(self._sides.get(producer, ()))))
 
     def _choose(self, job: str, holdings: Mapping[str, Mapping[str, int]], load: Mapping[str, int]) -> str:
         inputs = self.dag.inputs(job)
@@ -192,7 +218,8 @@ class Planner:
             producer = self.dag.producer(path)
             planned = self.plan.get(producer) if producer is not None else None
             if planned is not None:
-                score[planned] += estimate
+                guess = self._estimate(path, holdings)
+                score[planned] += estimate if guess is None else guess
                 pending[planned] += 1
         order = {node: i for i, node in enumerate(self.nodes)}
         unit = max(self.min_bytes, 1)  # bytes below staging size do not decide: small tables sit on one node
@@ -349,10 +376,14 @@ class Prestager:
         self._wake.set()
 
     def planned(self, target: str) -> str | None:
-        """The node planned for a job not run yet, or None."""
+        """The node planned for a job not run yet that something was staged for, or None: elsewhere the
+        placement rule, which sees the same holdings, decides (a plan made on load alone, from files
+        too small to stage, must not pull a job away from its data)."""
         with self._lock:
             planner = self._planner
-            return planner.plan.get(target) if planner is not None and target not in self._done else None
+            if planner is None or target in self._done or target not in planner.sticky:
+                return None
+            return planner.plan.get(target)
 
     def stop(self) -> PrestageStats:
         self._stop.set()
@@ -447,10 +478,12 @@ class Prestager:
             self._pending.append(self._pool.submit(self._stage, path, node))
 
     def _write_plan(self, planner: Planner) -> None:
-        """The plan of the jobs not run yet, for the make plugin (`planned.planned_node`), replaced atomically."""
+        """The plan of the jobs not run yet that something was staged for (as `planned`), for the make
+        plugin (`planned.planned_node`), replaced atomically."""
         if self.log_path is None:
             return
-        text = "".join(f"{job}\t{node}\n" for job, node in planner.plan.items() if job not in self._done)
+        text = "".join(f"{job}\t{node}\n" for job, node in planner.plan.items()
+                       if job not in self._done and job in planner.sticky)
         if text == self._plan_text:
             return
         path = plan_path(self.log_path)
