@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,11 @@ def test_gfarm_serves_both_sites_writes_locally_and_leaves_nothing(wan: None, ba
             system.check()
             (system.mount("w1") / "west.bin").write_bytes(payload)
             (system.mount("e1") / "east.txt").write_text("east\n")
-            assert (system.mount("e1") / "west.bin").read_bytes() == payload  # across the WAN
+            # across the WAN; gfarm2fs tells gfmd a closed file's size at release, just after close() returned
+            deadline = time.monotonic() + 5.0
+            while (seen := (system.mount("e1") / "west.bin").read_bytes()) != payload and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert seen == payload
             assert (system.mount("w1") / "east.txt").read_text() == "east\n"
             assert system.holders("west.bin") == ["w1"], "a write did not land on the writer's gfsd"
             assert system.holders("east.txt") == ["e1"]
