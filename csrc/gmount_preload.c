@@ -86,7 +86,7 @@ struct open_how {
 #define MAX_CONNECTIONS 8
 #define MAX_TRACKED_FD 65536
 #define BYPASS_XATTR "user.gmount.bypass"
-#define PROTOCOL "gmount-bypass 1 "
+#define PROTOCOL "gmount-bypass 2 "
 #define MOUNT_RESCAN_NS 1000000000LL    /* a path outside every known mount rescans at most this often */
 #define RETRY_NS 2000000000LL           /* a mount whose daemon did not answer is tried again after this */
 #define REPLY_TIMEOUT_S 60              /* a daemon this slow is taken for gone: the mount decides */
@@ -105,6 +105,9 @@ struct gm_mount {
     size_t exportlen;
     char staged_xattr[256];             /* set on staged replicas */
     char staging_mark[64];              /* in the names of staging copies being made */
+    int mnt_id;                         /* the mount's id (mountinfo's first field, statx's stx_mnt_id) */
+    unsigned slot;                      /* this node's slot: the high bits of the mount's inode numbers */
+    dev_t export_dev;                   /* the export's own device: its files' numbers are file_ino(slot, 0, ino) */
     _Atomic long long lease_until;      /* the hello's answer holds until then */
     pthread_mutex_t hello_lock;
 };
@@ -264,8 +267,9 @@ static void scan_mounts(void) {
         if (sep == NULL || strncmp(sep + 3, "fuse.gmount ", 12) != 0)
             continue;
         unsigned major = 0, minor = 0;
+        int mnt_id = 0;
         char point[PATH_MAX];
-        if (sscanf(line, "%*s %*s %u:%u %*s %4095s", &major, &minor, point) != 3)
+        if (sscanf(line, "%d %*s %u:%u %*s %4095s", &mnt_id, &major, &minor, point) != 4)
             continue;
         unescape(point);
         dev_t dev = makedev(major, minor);
@@ -283,6 +287,7 @@ static void scan_mounts(void) {
             if (found->rootlen > 1 && found->root[found->rootlen - 1] == '/')
                 found->root[--found->rootlen] = '\0';
             found->dev = dev;
+            found->mnt_id = mnt_id;
             pthread_mutex_init(&found->hello_lock, NULL);
         }
         fresh->mounts[fresh->count++] = found;
@@ -434,11 +439,12 @@ static void mount_off(struct gm_mount *m) {
     atomic_store(&m->state, M_OFF);
 }
 
-/* Parse the hello's payload: export root, staged xattr, staging mark, lease in ms. */
+/* Parse the hello's payload: export root, staged xattr, staging mark, lease in ms, this node's
+ * slot, the export's device. */
 static int hello_fields(struct gm_mount *m, const char *payload, size_t len, long long *lease_ms) {
-    const char *fields[4];
+    const char *fields[6];
     size_t at = 0;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 6; i++) {
         if (at >= len)
             return -1;
         fields[i] = payload + at;
@@ -448,10 +454,15 @@ static int hello_fields(struct gm_mount *m, const char *payload, size_t len, lon
         strlen(fields[1]) >= sizeof(m->staged_xattr) || strlen(fields[2]) >= sizeof(m->staging_mark) ||
         fields[2][0] == '\0')
         return -1;
+    long long slot = atoll(fields[4]);
+    if (slot < 1 || slot > 65535)
+        return -1;
     strcpy(m->export_root, fields[0]);
     m->exportlen = strlen(m->export_root);
     strcpy(m->staged_xattr, fields[1]);
     strcpy(m->staging_mark, fields[2]);
+    m->slot = (unsigned)slot;
+    m->export_dev = (dev_t)strtoull(fields[5], NULL, 10);
     *lease_ms = atoll(fields[3]);
     return *lease_ms > 0 ? 0 : -1;
 }
@@ -713,11 +724,53 @@ static int open_in_export(const char *path, int flags) {
     return (int)syscall(SYS_openat2, AT_FDCWD, path, &how, sizeof(how));
 }
 
+/*
+ * The mount's identity of an export file, as every node shows it (gmountpy/node/inodes.py):
+ * st_dev the mount's, st_ino `file_ino(slot, 0, ino)` = slot << 48 | ino. Only for files of the
+ * export's own file system with ino < 2**47; the mount numbers others by a hash, and serves them.
+ */
+#define FILE_BITS 48
+#define HASHED_INO (1ULL << 47)
+
+static int representable(const struct gm_mount *m, dev_t dev, uint64_t ino) {
+    return dev == m->export_dev && ino != 0 && ino < HASHED_INO;
+}
+
+static void to_mount_stat(const struct gm_mount *m, struct stat *st) {
+    st->st_ino = (ino_t)(((uint64_t)m->slot << FILE_BITS) | (uint64_t)st->st_ino);
+    st->st_dev = m->dev;
+}
+
+#ifndef STATX_MNT_ID
+#define STATX_MNT_ID 0x00001000U
+#endif
+#ifndef STATX_MNT_ID_UNIQUE
+#define STATX_MNT_ID_UNIQUE 0x00004000U
+#endif
+
+static int statx_representable(const struct gm_mount *m, const struct statx *sx) {
+    return representable(m, makedev(sx->stx_dev_major, sx->stx_dev_minor), sx->stx_ino);
+}
+
+/* What a statx through the mount gives: its device, inode number and mount id, and the basic
+ * fields only (the mount knows no birth time, no attributes of the export's file system). */
+static void to_mount_statx(const struct gm_mount *m, struct statx *sx) {
+    sx->stx_ino = ((uint64_t)m->slot << FILE_BITS) | sx->stx_ino;
+    sx->stx_dev_major = major(m->dev);
+    sx->stx_dev_minor = minor(m->dev);
+    if (sx->stx_mask & STATX_MNT_ID)
+        sx->stx_mnt_id = (uint64_t)m->mnt_id;
+    sx->stx_mask &= STATX_BASIC_STATS | STATX_MNT_ID;
+    sx->stx_attributes = 0;
+    sx->stx_attributes_mask = 0;
+    memset(&sx->stx_btime, 0, sizeof(sx->stx_btime));
+}
+
 /* P_LOCAL: the opened export file is this node's own (regular, unmarked); P_ASK: it carries a
  * mark (a replica, or a staging copy): the daemon decides; P_MOUNT: not a regular file. */
 static int own_file(const struct gm_mount *m, const char *path, const char *ns, int fd, struct stat *st) {
-    if (syscall(SYS_fstat, fd, st) != 0 || !S_ISREG(st->st_mode))
-        return P_MOUNT;
+    if (syscall(SYS_fstat, fd, st) != 0 || !S_ISREG(st->st_mode) || !representable(m, st->st_dev, st->st_ino))
+        return P_MOUNT;  /* (a file the mount numbers by a hash: the mount serves it, with its number) */
     if (strstr(ns, m->staging_mark) != NULL)
         return P_ASK;
     int saved = errno;
@@ -750,7 +803,8 @@ static int open_own(int index, const char *ns, int flags, struct stat *st) {
     char reply[PATH_MAX];
     if (kind == P_ASK && ask(index, 'R', ns, reply, sizeof(reply)) == 0 && strcmp(reply, path) == 0) {
         fd = open_in_export(path, flags);  /* the daemon checked the replica's source */
-        if (fd >= 0 && syscall(SYS_fstat, fd, st) == 0 && S_ISREG(st->st_mode))
+        if (fd >= 0 && syscall(SYS_fstat, fd, st) == 0 && S_ISREG(st->st_mode) &&
+            representable(m, st->st_dev, st->st_ino))
             return fd;
         if (fd >= 0)
             sys_close(fd);
@@ -769,7 +823,8 @@ static int open_for_writing(int index, const char *ns, int flags) {
         return -1;
     int saved = errno;
     int fd = open_in_export(path, flags);
-    if (fd >= 0 && (syscall(SYS_fstat, fd, &st) != 0 || !S_ISREG(st.st_mode))) {
+    if (fd >= 0 && (syscall(SYS_fstat, fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+                    !representable(m, st.st_dev, st.st_ino))) {
         sys_close(fd);
         fd = -1;
     }
@@ -1228,77 +1283,130 @@ GM_EXPORT int fchdir(int fd) {
 
 /* -------------------------------------------------------------------------- stat family */
 
-/* An O_PATH descriptor of this node's own file for a stat of (dirfd, path); -1: the mount answers. */
-static int stat_own(int dirfd, const char *path, int at_flags) {
+/*
+ * An O_PATH descriptor of this node's own file for a stat of (dirfd, path), and its mount in
+ * `*index`; -1: the mount answers. The stat is the export file's with the mount's identity
+ * (`to_mount_stat`): st_dev and st_ino are what a stat through the mount gives, on any node.
+ */
+static int stat_own(int dirfd, const char *path, int at_flags, int *index) {
     char ns[PATH_MAX];
     struct stat st;
-    int index;
-    if ((at_flags & AT_EMPTY_PATH) || (index = resolve(dirfd, path, ns, sizeof(ns))) < 0 || is_disabled())
+    if ((at_flags & AT_EMPTY_PATH) || (*index = resolve(dirfd, path, ns, sizeof(ns))) < 0 || is_disabled())
         return -1;
-    int fd = open_own(index, ns, O_PATH | O_CLOEXEC, &st);
+    int fd = open_own(*index, ns, O_PATH | O_CLOEXEC, &st);
     atomic_fetch_add(fd >= 0 ? &n_stat_direct : &n_stat_mount, 1);
     return fd;
 }
 
-static int fstat_own(int fd, struct stat *buf) {
+static int fstat_own(int fd, int index, struct stat *buf) {
     int rc = (int)syscall(SYS_fstat, fd, buf);
     int saved = errno;
     sys_close(fd);
+    struct gm_mount *m = mount_at(index);
+    if (rc == 0 && m != NULL)
+        to_mount_stat(m, buf);
     errno = saved;
     return rc;
 }
 
+/* The mount of a descriptor the bypass opened (its slot still names this file); NULL otherwise. */
+static struct gm_mount *mount_of_fd(int fd, dev_t dev, uint64_t ino) {
+    if (fd < 0 || fd >= MAX_TRACKED_FD || !atomic_load_explicit(&fds_tracked, memory_order_relaxed))
+        return NULL;
+    int slot = atomic_load(&fd_slot[fd]);
+    if (slot == 0 || slots[slot - 1].dev != dev || slots[slot - 1].ino != (ino_t)ino)
+        return NULL;
+    struct gm_mount *m = mount_at(slots[slot - 1].index);
+    return m != NULL && representable(m, dev, ino) ? m : NULL;
+}
+
+/* fstat of a descriptor the bypass opened: the mount's identity, as for a stat by path. */
+static int fstat_identity(int fd, struct stat *buf, int rc) {
+    struct gm_mount *m;
+    if (rc == 0 && (m = mount_of_fd(fd, buf->st_dev, buf->st_ino)) != NULL)
+        to_mount_stat(m, buf);
+    return rc;
+}
+
 GM_EXPORT int stat(const char *path, struct stat *buf) {
-    int fd = stat_own(AT_FDCWD, path, 0);
-    return fd >= 0 ? fstat_own(fd, buf) : REAL(stat)(path, buf);
+    int index, fd = stat_own(AT_FDCWD, path, 0, &index);
+    return fd >= 0 ? fstat_own(fd, index, buf) : REAL(stat)(path, buf);
 }
 
 GM_EXPORT int lstat(const char *path, struct stat *buf) {
-    int fd = stat_own(AT_FDCWD, path, 0);
-    return fd >= 0 ? fstat_own(fd, buf) : REAL(lstat)(path, buf);
+    int index, fd = stat_own(AT_FDCWD, path, 0, &index);
+    return fd >= 0 ? fstat_own(fd, index, buf) : REAL(lstat)(path, buf);
 }
 
+static int empty_path(const char *path, int flags) { return (flags & AT_EMPTY_PATH) && path != NULL && !path[0]; }
+
 GM_EXPORT int fstatat(int dirfd, const char *path, struct stat *buf, int flags) {
-    int fd = stat_own(dirfd, path, flags);
-    return fd >= 0 ? fstat_own(fd, buf) : REAL(fstatat)(dirfd, path, buf, flags);
+    int index, fd = stat_own(dirfd, path, flags, &index);
+    if (fd >= 0)
+        return fstat_own(fd, index, buf);
+    int rc = REAL(fstatat)(dirfd, path, buf, flags);
+    return empty_path(path, flags) ? fstat_identity(dirfd, buf, rc) : rc;
 }
 
 GM_EXPORT int stat64(const char *path, struct stat64 *buf) {
-    int fd = stat_own(AT_FDCWD, path, 0);
-    return fd >= 0 ? fstat_own(fd, (struct stat *)buf) : REAL(stat64)(path, buf);
+    int index, fd = stat_own(AT_FDCWD, path, 0, &index);
+    return fd >= 0 ? fstat_own(fd, index, (struct stat *)buf) : REAL(stat64)(path, buf);
 }
 
 GM_EXPORT int lstat64(const char *path, struct stat64 *buf) {
-    int fd = stat_own(AT_FDCWD, path, 0);
-    return fd >= 0 ? fstat_own(fd, (struct stat *)buf) : REAL(lstat64)(path, buf);
+    int index, fd = stat_own(AT_FDCWD, path, 0, &index);
+    return fd >= 0 ? fstat_own(fd, index, (struct stat *)buf) : REAL(lstat64)(path, buf);
 }
 
 GM_EXPORT int fstatat64(int dirfd, const char *path, struct stat64 *buf, int flags) {
-    int fd = stat_own(dirfd, path, flags);
-    return fd >= 0 ? fstat_own(fd, (struct stat *)buf) : REAL(fstatat64)(dirfd, path, buf, flags);
+    int index, fd = stat_own(dirfd, path, flags, &index);
+    if (fd >= 0)
+        return fstat_own(fd, index, (struct stat *)buf);
+    int rc = REAL(fstatat64)(dirfd, path, buf, flags);
+    return empty_path(path, flags) ? fstat_identity(dirfd, (struct stat *)buf, rc) : rc;
+}
+
+GM_EXPORT int fstat(int fd, struct stat *buf) {
+    return fstat_identity(fd, buf, (int)syscall(SYS_fstat, fd, buf));
+}
+
+GM_EXPORT int fstat64(int fd, struct stat64 *buf) {
+    return fstat_identity(fd, (struct stat *)buf, (int)syscall(SYS_fstat, fd, buf));
 }
 
 /* glibc before 2.33 compiled stat() into these; binaries built then still call them. */
 GM_EXPORT int __xstat(int ver, const char *path, struct stat *buf) { (void)ver; return stat(path, buf); }
 GM_EXPORT int __lxstat(int ver, const char *path, struct stat *buf) { (void)ver; return lstat(path, buf); }
+GM_EXPORT int __fxstat(int ver, int fd, struct stat *buf) { (void)ver; return fstat(fd, buf); }
 GM_EXPORT int __fxstatat(int ver, int dirfd, const char *path, struct stat *buf, int flags) {
     (void)ver;
     return fstatat(dirfd, path, buf, flags);
 }
 GM_EXPORT int __xstat64(int ver, const char *path, struct stat64 *buf) { (void)ver; return stat64(path, buf); }
 GM_EXPORT int __lxstat64(int ver, const char *path, struct stat64 *buf) { (void)ver; return lstat64(path, buf); }
+GM_EXPORT int __fxstat64(int ver, int fd, struct stat64 *buf) { (void)ver; return fstat64(fd, buf); }
 GM_EXPORT int __fxstatat64(int ver, int dirfd, const char *path, struct stat64 *buf, int flags) {
     (void)ver;
     return fstatat64(dirfd, path, buf, flags);
 }
 
 GM_EXPORT int statx(int dirfd, const char *path, int flags, unsigned int mask, struct statx *buf) {
-    int fd = stat_own(dirfd, path, flags);
-    if (fd < 0)
-        return REAL(statx)(dirfd, path, flags, mask, buf);
+    int index = -1, fd = (mask & STATX_MNT_ID_UNIQUE) ? -1 : stat_own(dirfd, path, flags, &index);
+    if (fd < 0) {
+        int rc = REAL(statx)(dirfd, path, flags, mask, buf);
+        struct gm_mount *m;
+        if (rc == 0 && empty_path(path, flags) &&
+            (m = mount_of_fd(dirfd, makedev(buf->stx_dev_major, buf->stx_dev_minor), buf->stx_ino)) != NULL &&
+            !(buf->stx_mask & STATX_MNT_ID_UNIQUE))
+            to_mount_statx(m, buf);
+        return rc;
+    }
     int rc = (int)syscall(SYS_statx, fd, "", AT_EMPTY_PATH | (flags & AT_STATX_SYNC_TYPE), mask, buf);
     int saved = errno;
     sys_close(fd);
+    struct gm_mount *m = mount_at(index);
+    if (rc == 0 && m != NULL && statx_representable(m, buf))
+        to_mount_statx(m, buf);
     errno = saved;
     return rc;
 }

@@ -13,6 +13,11 @@ its export, then the other nodes) -- and stats or reads it without asking. A mar
 about (`R`): a replica is used only after the lookup that checks its source is unchanged, as an
 open through the mount would. Writing asks too (`W`): a replica's writes go to its source.
 
+The hello also gives what makes the job's stats the mount's: this node's slot and its
+export's device, so a stat of an export file shows the mount's st_dev and st_ino (`file_ino`
+of gmountpy/node/inodes.py, the file's identity on every node). Files of another file
+system mounted inside the export (numbered by a hash) are served by the mount.
+
 What the mount would have told the other nodes is still told:
 
 - creates and truncations go through the mount before the library swaps the descriptor;
@@ -28,8 +33,8 @@ through a descriptor inherited across exec, or through mmap, are not seen.
 Wire format (little-endian): request `u32 len | u8 op | 3 x u8 0 | path`, reply
 `u32 len | i32 status | payload`; ops `H`ello, `R`ead, `W`rite, `C`losed after writing and
 `D`one reading (their path is followed by NUL and the bytes read and written); status 0 =
-served here (payload: the export path; for `H` export root, staged xattr, staging mark and
-lease in ms, NUL-separated), 1 = use the mount.
+served here (payload: the export path; for `H` export root, staged xattr, staging mark,
+lease in ms, this node's slot, the export's st_dev, NUL-separated), 1 = use the mount.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ import trio
 from ..errors import PeerUnavailable
 from ..protocol import messages as msg
 from .export import split_path
+from .inodes import holder_slots
 from .locator import Location
 from .namespace import Namespace
 from .replicas import STAGED_XATTR, STAGING_MARKER
@@ -62,7 +68,7 @@ T = TypeVar("T")
 
 #: The mount root's xattr naming the channel: PROTOCOL followed by the socket's path.
 XATTR = "user.gmount.bypass"
-PROTOCOL = "gmount-bypass 1 "
+PROTOCOL = "gmount-bypass 2 "
 SERVED, USE_MOUNT = 0, 1
 _HEADER = struct.Struct("<IB3x")
 _REPLY = struct.Struct("<Ii")
@@ -190,6 +196,7 @@ class BypassServer:
     def __init__(self, namespace: Namespace, service: NodeService, path: str, *, any_user: bool = False,
                  on_changed: Callable[[str], Awaitable[None]] | None = None) -> None:
         self.ns = namespace
+        self._slot = holder_slots(namespace.site_of)[namespace.me]
         self.service = service
         self.path = path
         self.any_user = any_user  # allow_other: other users' jobs may ask too (the kernel checks their opens)
@@ -299,7 +306,7 @@ class BypassServer:
         job to the mount."""
         try:
             if op == "H":
-                return SERVED, "\0".join((self.ns.export.root, STAGED_XATTR, STAGING_MARKER, str(round(LEASE * 1000))))
+                return SERVED, self._hello()
             if op in ("C", "D"):
                 self._closed(op, path)
                 return SERVED, ""
@@ -321,6 +328,10 @@ class BypassServer:
         except (OSError, PeerUnavailable, ValueError, trio.RunFinishedError) as exc:
             log.debug("bypass %s %s: the mount serves it (%s)", op, path, exc)
             return self._mount()
+
+    def _hello(self) -> str:
+        return "\0".join((self.ns.export.root, STAGED_XATTR, STAGING_MARKER, str(round(LEASE * 1000)),
+                           str(self._slot), str(self.ns.export.dev)))
 
     def _closed(self, op: str, request: str) -> None:
         """A job closed a descriptor the bypass opened: `path NUL read written` (path empty for a

@@ -161,6 +161,33 @@ os.stat("local.bin"); os.stat("remote.bin")'
     assert digest[0] == digest[2] == hashlib.sha256(local).hexdigest()
 
 
+def test_a_stat_through_the_bypass_is_the_mounts(cluster: LocalCluster, tmp_path: Path) -> None:
+    """stat, lstat, fstat and statx of a local file in a job show what a stat through the mount
+    shows -- the mount's st_dev, the file's identity as st_ino (the same on every node), st_nlink
+    -- not the export's numbers, though they are answered from the export."""
+    top = unique("bp-stat")
+    (cluster.mount("n1") / top).mkdir()
+    (cluster.mount("n1") / top / "a.txt").write_bytes(b"x" * 1000)
+    os.link(cluster.mount("n1") / top / "a.txt", cluster.mount("n1") / top / "b.txt")
+    stats = tmp_path / "stats"
+    script = f"""
+        GMOUNT_BYPASS_STATS={stats} {sys.executable} -c '
+import os
+fd = os.open("a.txt", os.O_RDONLY)
+for st in (os.stat("a.txt"), os.lstat("b.txt"), os.fstat(fd), os.stat("a.txt", dir_fd=None)):
+    print(st.st_dev, st.st_ino, st.st_nlink)'
+        GMOUNT_BYPASS_STATS={stats} stat -c "%d %i %h" a.txt b.txt
+    """
+    seen = [tuple(map(int, line.split())) for line in job(cluster, "n1", f"/{top}", script).splitlines()]
+    through_mount = os.stat(cluster.mount("n1") / top / "a.txt")
+    expected = (through_mount.st_dev, through_mount.st_ino, through_mount.st_nlink)
+    exported = os.stat(cluster.export("n1") / top / "a.txt")
+    assert through_mount.st_nlink == 2 and through_mount.st_ino != exported.st_ino
+    assert seen == [expected] * 6
+    assert os.stat(cluster.mount("n3") / top / "b.txt").st_ino == through_mount.st_ino  # one identity everywhere
+    assert counters(stats)["stat_direct"] >= 4  # answered from the export, not by the mount
+
+
 def test_output_of_a_program_that_inherited_the_descriptor_reaches_the_home(cluster: LocalCluster) -> None:
     """`cmd > out`: the shell opens out, the program it execs writes and exits without a close()
     of its own -- the daemon's inotify watch tells the home the final size."""
