@@ -23,6 +23,7 @@ BASE_PACKAGES = ["fuse3", "libfuse3-dev", "pkg-config", "gcc", "python3-dev"]
 TEST_PACKAGES = ["openssh-server", "openssh-client", "iproute2", "iptables", "util-linux", "rsync",
                  "libnetfilter-queue-dev", "libmnl-dev",
                  "glusterfs-server", "glusterfs-client",  # the WAN benchmarks' GlusterFS peer, tested too
+                 "gfmd", "gfsd", "gfarm2fs", "gfarm-client", "sshfs",  # the pipelines' peers: Gfarm, a central server
                  "bwa", "samtools", "bcftools",  # the variant-calling workflow run through Snakemake (wgsim: samtools)
                  "chromium"]  # `gmount report`'s page, looked at in a real (headless) browser
 PIPELINE_PACKAGES = ["make", "montage"]  # the reference pipelines: GNU make and the Montage executables
@@ -142,6 +143,8 @@ WAN_PACKAGES = ["iproute2", "iptables", "util-linux", "gcc", "libnetfilter-queue
                 "openssh-server", "openssh-client"]
 #: GlusterFS, a peer in the WAN metadata and fio benchmarks (glusterd, bricks and the FUSE client)
 GLUSTER_PACKAGES = ["glusterfs-server", "glusterfs-client"]
+#: Gfarm, the GMount paper's baseline: in the metadata benchmark and the pipeline comparison
+GFARM_PACKAGES = ["gfmd", "gfsd", "gfarm2fs", "gfarm-client"]
 
 
 @nox.session
@@ -155,7 +158,7 @@ def wan(session: nox.Session) -> None:
 
 def bench_wan(session: nox.Session, args: list[str]) -> None:
     """Metadata (ParaMark-style), fio and deploy benchmarks over emulated WAN sites (root)."""
-    ensure_system_packages(session, BASE_PACKAGES + WAN_PACKAGES + GLUSTER_PACKAGES)
+    ensure_system_packages(session, BASE_PACKAGES + WAN_PACKAGES + GLUSTER_PACKAGES + GFARM_PACKAGES)
     session.run("python", "-m", "benchmarks.wan.bench_link", *args)
     session.run("python", "-m", "benchmarks.wan.bench_meta", *args)
     session.run("python", "-m", "benchmarks.wan.bench_io", *args)
@@ -184,6 +187,17 @@ def soak(session: nox.Session) -> None:
     """The fault-injection soak, long (root: network namespaces): 30 minutes of faults unless
     `-- --minutes N`; its report in benchmarks/results/soak.json, exit 1 on any failure."""
     run_soak(session, session.posargs)
+
+
+@nox.session(name="bench-pipelines")
+def bench_pipelines(session: nox.Session) -> None:
+    """The reference pipelines across two emulated WAN sites, each node with its own CPU: gmountpy's
+    placements beside Gfarm and a central sshfs server (root). `-- --quick` for small inputs; other
+    arguments go to benchmarks/wan/bench_pipelines.py for both pipelines, e.g. `-- --bandwidth-mbit 100`."""
+    ensure_system_packages(session, BASE_PACKAGES + WAN_PACKAGES + GFARM_PACKAGES + PIPELINE_PACKAGES)
+    install_project(session, "[pipelines,snakemake]")
+    for name in ("montage", "event"):
+        session.run("python", "-m", "benchmarks.wan.bench_pipelines", name, *session.posargs)
 
 
 def _pipeline(session: nox.Session, name: str) -> None:

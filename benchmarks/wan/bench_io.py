@@ -38,7 +38,8 @@ from typing import Any
 
 from . import glusterfs
 from . import sites as wan
-from .bench_meta import _interrupt, _wait_mounted, _wait_port, describe_run, log
+from .bench_meta import _interrupt, describe_run, log
+from .sshfs import wait_mounted, wait_port
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -150,14 +151,14 @@ def _sshfs(emu: wan.Emulation, work: Path, stack: ExitStack) -> Path:
     os.makedirs("/run/sshd", exist_ok=True)
     emu.spawn("far", ["/usr/sbin/sshd", "-D", "-e", "-f", str(keys / "sshd_config")],
               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait_port(emu, "far", address, 22)
+    wait_port(emu, "far", address, 22)
     mnt = work / "sshfs"
     mnt.mkdir()
     emu.add_mount(str(mnt))
     emu.spawn("near", ["sshfs", "-f", f"root@{address}:{work / 'far' / 'export'}", str(mnt), "-o",
                        (f"IdentityFile={keys / 'user'},StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,"
                         "LogLevel=ERROR")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait_mounted(mnt)
+    wait_mounted(mnt)
     stack.callback(lambda: subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True))
     return mnt
 

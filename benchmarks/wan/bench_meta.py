@@ -22,6 +22,9 @@ Systems, all inside the same emulated sites, in the same run:
   namespace). Metadata and data at one server: r_adj does not change where files are.
 - moosefs: MooseFS master at the central site, one chunkserver per site, mfsmount on
   every node. Central metadata, distributed data (the Gfarm/Lustre design).
+- gfarm: Gfarm (the GMount paper's baseline): gfmd at the central site, a gfsd and a gfarm2fs
+  mount per node (benchmarks/wan/gfarm.py); each target is written through its holder's
+  mount, so its copy is on the holder's gfsd. Central metadata, data where it was written.
 - glusterfs: one glusterd and one brick per node, a distribute volume over all bricks,
   a FUSE client on every node (benchmarks/wan/glusterfs.py). No metadata server: the
   DHT hash of a name picks its brick, so r_adj does not change where files are either.
@@ -51,9 +54,10 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-from . import glusterfs
+from . import gfarm, glusterfs
 from . import sites as wan
 from .meta_client import OPS
+from .sshfs import CentralServer, wait_mounted, wait_port
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -144,7 +148,7 @@ class System(Protocol):
 #: (gmountpy's default), and every directory homed at one node of the central site (central metadata).
 GMOUNT_MODES = {"gmountpy": "flood", "gmountpy-index": "index", "gmountpy-central": "central"}
 #: The whole suite: the default --systems, and what a result needs to be "complete".
-ALL_SYSTEMS = (*GMOUNT_MODES, "sshfs", "moosefs", "glusterfs")
+ALL_SYSTEMS = (*GMOUNT_MODES, "sshfs", "moosefs", "glusterfs", "gfarm")
 
 
 class Gmount:
@@ -194,62 +198,6 @@ class Gmount:
         return total
 
 
-class Sshfs:
-    """One sshd at the central site; every node mounts its directory with sshfs from its own site."""
-
-    name = "sshfs"
-
-    def __init__(self, emu: wan.Emulation, work: Path, central: str) -> None:
-        self.emu, self.work = emu, work / "sshfs"
-        self.server = SITES[central][0]
-        self.data = self.work / "server"
-
-    def place(self, kind: str, path: str, holder: str) -> None:
-        target = self.data / path
-        if kind == "dir":
-            target.mkdir(parents=True, exist_ok=True)
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.touch()
-
-    def mount(self, node: str) -> Path:
-        return self.work / "mnt" / node
-
-    @contextmanager
-    def running(self) -> Iterator[None]:
-        keys = self.work / "keys"
-        keys.mkdir(parents=True, exist_ok=True)
-        for key in ("host", "user"):
-            if not (keys / key).exists():
-                subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / key)], check=True)
-        (keys / "authorized_keys").write_text((keys / "user.pub").read_text())
-        address = self.emu.address[self.server]
-        config = keys / "sshd_config"
-        config.write_text("\n".join([
-            f"ListenAddress {address}:22", f"HostKey {keys / 'host'}", f"AuthorizedKeysFile {keys / 'authorized_keys'}",
-            "PermitRootLogin prohibit-password", "PasswordAuthentication no", "StrictModes no", "UsePAM no",
-            f"PidFile {self.work / 'sshd.pid'}", "Subsystem sftp internal-sftp", "LogLevel ERROR", ""]))
-        os.makedirs("/run/sshd", exist_ok=True)
-        self.emu.spawn(self.server, ["/usr/sbin/sshd", "-D", "-e", "-f", str(config)],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_port(self.emu, self.server, address, 22)
-        for node in self.emu.address:
-            mnt = self.mount(node)
-            mnt.mkdir(parents=True, exist_ok=True)
-            self.emu.add_mount(str(mnt))
-            self.emu.spawn(node, ["sshfs", "-f", f"root@{address}:{self.data}", str(mnt), "-o",
-                                  (f"IdentityFile={keys / 'user'},StrictHostKeyChecking=no,"
-                                   "UserKnownHostsFile=/dev/null,LogLevel=ERROR")],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for node in self.emu.address:
-            _wait_mounted(self.mount(node))
-        try:
-            yield
-        finally:
-            for node in self.emu.address:
-                subprocess.run(["fusermount3", "-u", "-z", str(self.mount(node))], capture_output=True)
-
-
 class MooseFs:
     """MooseFS: master at the central site, a chunkserver per site, mfsmount on every node."""
 
@@ -281,7 +229,7 @@ class MooseFs:
             ""]))
         self.emu.spawn(self.master, ["mfsmaster", "-f", "-c", str(etc / "mfsmaster.cfg"), "start"],
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_port(self.emu, self.master, address, 9421)
+        wait_port(self.emu, self.master, address, 9421)
         for site, nodes in SITES.items():
             node = nodes[0]
             chunks = self.work / "chunks" / site
@@ -300,7 +248,7 @@ class MooseFs:
             self.emu.spawn(node, ["mfsmount", "-f", str(mnt), "-H", address, "-o", "mfscachemode=AUTO"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for node in self.emu.address:
-            _wait_mounted(self.mount(node))
+            wait_mounted(self.mount(node))
         top = self.mount(self.master)
         for kind, path in self.pending:
             target = top / path
@@ -314,26 +262,6 @@ class MooseFs:
         finally:
             for node in self.emu.address:
                 subprocess.run(["fusermount3", "-u", "-z", str(self.mount(node))], capture_output=True)
-
-
-def _wait_port(emu: wan.Emulation, node: str, host: str, port: int, timeout: float = 20) -> None:
-    probe = f"import socket; socket.create_connection(({host!r}, {port}), timeout=1).close()"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if emu.run(node, [sys.executable, "-c", probe], capture_output=True).returncode == 0:
-            return
-        time.sleep(0.2)
-    raise wan.WanError(f"nothing listens on {host}:{port} in {node}'s site after {timeout:g}s")
-
-
-def _wait_mounted(path: Path, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with open("/proc/self/mounts") as f:
-            if any(line.split(" ")[1] == str(path) for line in f):
-                return
-        time.sleep(0.1)
-    raise wan.WanError(f"{path} was not mounted within {timeout:g}s")
 
 
 # --- running the phases ----------------------------------------------------------------
@@ -462,6 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     if "glusterfs" in systems and (why := glusterfs.ensure_installed(log)) is not None:
         log(f"glusterfs skipped: {why}")
         systems.remove("glusterfs")
+    if "gfarm" in systems and (why := gfarm.ensure_installed(log)) is not None:
+        log(f"gfarm skipped: {why}")
+        systems.remove("gfarm")
     if "sshfs" in systems and shutil.which("sshfs") is None:
         log("sshfs skipped: not installed (Debian: sshfs)")
         systems.remove("sshfs")
@@ -497,14 +428,16 @@ def main(argv: list[str] | None = None) -> int:
             if system_name in GMOUNT_MODES:
                 system = Gmount(emu, system_name, central)
             elif system_name == "sshfs":
-                system = Sshfs(emu, work, central)
+                system = CentralServer(emu, work, SITES[central][0])
             elif system_name == "moosefs":
                 system = MooseFs(emu, work, central)
             elif system_name == "glusterfs":
                 system = glusterfs.GlusterFs(emu, work)
+            elif system_name == "gfarm":
+                system = gfarm.Gfarm(emu, work, metadata_node=SITES[central][0])
             else:
                 raise SystemExit(f"unknown system {system_name!r} ({', '.join(GMOUNT_MODES)}, sshfs, moosefs, "
-                                 "glusterfs)")
+                                 "glusterfs, gfarm)")
             for plan in plans.values():
                 for kind, path, holder in holdings(plan):
                     system.place(kind, path, holder)

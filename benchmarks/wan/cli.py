@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 
 import click
 
@@ -21,17 +22,16 @@ def cli() -> None:
 @cli.command("up")
 @click.argument("cluster_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--gmount", "start_gmount", is_flag=True, help="Also run `gmount up` on the emulated sites.")
-def up_command(cluster_file: str, start_gmount: bool) -> None:
+@click.option("--node-cpus", is_flag=True, help="Give every node a cgroup with CPUs of its own (its daemon and the "
+              "jobs that name it in GMOUNT_NODE run there).")
+def up_command(cluster_file: str, start_gmount: bool, node_cpus: bool) -> None:
     """Create one namespace per site, the hub and the delays; print the cluster file for gmount."""
-    emu = wan.up(cluster_file)
+    emu = wan.up(cluster_file, node_cpus=node_cpus)
     click.echo(f"cluster {emu.name}: {len(emu.netns)} sites emulated (hub {emu.hub})")
     for site, ns in emu.netns.items():
         nodes = [f"{n}={emu.address[n]}" for n, s in emu.site_of.items() if s == site]
         click.echo(f"  {site:<12} {ns:<28} {' '.join(nodes)}")
-    for pair, rtt in emu.rtt_ms.items():
-        a, b = pair.split("|")
-        if a < b:
-            click.echo(f"  rtt {a} <-> {b}: {rtt:g} ms")
+    _echo_link(emu)
     if start_gmount:
         from gmountpy import launch
         from gmountpy.cluster.config import load_spec
@@ -40,6 +40,7 @@ def up_command(cluster_file: str, start_gmount: bool) -> None:
         emu.save()
         try:
             launch.up(load_spec(emu.cluster_file))
+            wan.own_cpus(emu, emu.name)
         except BaseException:
             wan.down(emu)
             raise
@@ -73,7 +74,9 @@ def down_command(cluster: str) -> None:
 @click.argument("cluster_file", type=click.Path(exists=True, dir_okay=False))
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.option("--site", help="The site whose namespace COMMAND runs in [default: the first].")
-def run_command(cluster_file: str, command: tuple[str, ...], site: str | None) -> None:
+@click.option("--node-cpus", is_flag=True, help="Give every node a cgroup with CPUs of its own; COMMAND runs in the "
+              "cgroup of the site's first node.")
+def run_command(cluster_file: str, command: tuple[str, ...], site: str | None, node_cpus: bool) -> None:
     """Emulate the sites, `gmount up` on them, run COMMAND inside one site, tear everything down.
 
     `{cluster}` in COMMAND is replaced by the emulated cluster file, so a workflow runs under the
@@ -81,19 +84,38 @@ def run_command(cluster_file: str, command: tuple[str, ...], site: str | None) -
     exit status is this command's. Teardown also happens on errors, Ctrl-C and SIGTERM (passed on
     to COMMAND first, so a pipeline's make stops its jobs before the mounts go).
     """
-    with wan.emulate(cluster_file) as emu:
+    with wan.emulate(cluster_file, node_cpus=node_cpus) as emu:
         where = site or next(iter(emu.netns))
         if where not in emu.netns:
             raise click.UsageError(f"no site {where!r} in {cluster_file}; sites: {', '.join(emu.netns)}")
+        _echo_link(emu, err=True)
         with wan.gmount_cluster(emu):
             argv = [part.replace("{cluster}", emu.cluster_file) for part in command]
             click.echo(f"running in site {where} ({emu.netns[where]}): {' '.join(argv)}", err=True)
-            returncode = _run_forwarding_signals(["nsenter", f"--net=/run/netns/{emu.netns[where]}", "--", *argv])
+            groups = emu.node_cgroups()
+            head = next(n for n, s in emu.site_of.items() if s == where)
+            returncode = _run_forwarding_signals(["nsenter", f"--net=/run/netns/{emu.netns[where]}", "--", *argv],
+                                                 preexec=groups.preexec(head) if groups is not None else None)
     if returncode != 0:
         raise SystemExit(returncode)
 
 
-def _run_forwarding_signals(argv: list[str], grace: float = 30.0) -> int:
+def _echo_link(emu: wan.Emulation, err: bool = False) -> None:
+    """Every run states its RTT, bandwidth and what CPUs each node has."""
+    described = emu.link()
+    for link in described["links"]:
+        cap = f"{link['bandwidth_mbit']:g} Mbit/s" if link["bandwidth_mbit"] else "no bandwidth cap"
+        click.echo(f"  link {' <-> '.join(link['sites'])}: rtt {link['rtt_ms']:g} ms, {cap}", err=err)
+    cpus = described["cpus"]
+    if isinstance(cpus, dict):
+        for node, given in cpus["nodes"].items():
+            click.echo(f"  node {node}: {given['text']} ({cpus['hierarchy']})", err=err)
+    else:
+        click.echo(f"  nodes' CPUs: {cpus}", err=err)
+
+
+def _run_forwarding_signals(argv: list[str], grace: float = 30.0,
+                            preexec: Callable[[], None] | None = None) -> int:
     """Run `argv`; SIGTERM is passed on to it, and after Ctrl-C (which the terminal sends to it too)
     it gets `grace` seconds to stop before it is killed -- teardown comes after the command ended."""
     process: subprocess.Popen[bytes] | None = None
@@ -107,7 +129,7 @@ def _run_forwarding_signals(argv: list[str], grace: float = 30.0) -> int:
 
     previous = signal.signal(signal.SIGTERM, forward)  # before the start: no moment without it
     try:
-        process = subprocess.Popen(argv)
+        process = subprocess.Popen(argv, preexec_fn=preexec)
         for signum in held:
             process.send_signal(signum)
         return process.wait()

@@ -32,6 +32,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import tomllib
 from collections.abc import Iterator, Sequence
@@ -44,6 +45,8 @@ import networkx as nx  # type: ignore[import-untyped]
 
 from gmountpy.cluster.config import ClusterSpec, parse_spec
 from gmountpy.errors import GmountError
+
+from .cgroups import CgroupError, Hierarchy, NodeCgroups, layout
 
 IPTABLES = "iptables-legacy"
 DELAY_SOURCE = Path(__file__).with_name("delay.c")
@@ -86,6 +89,9 @@ class Emulation:
     starts: dict[str, int] = field(default_factory=dict)
     mounts: list[str] = field(default_factory=list)    # mountpoints to unmount on teardown
     gmount_up: bool = False
+    bandwidth_mbit: dict[str, float] = field(default_factory=dict)  # "a|b" -> cap (both directions), if any
+    cgroups: dict[str, Any] | None = None  # NodeCgroups.to_dict() when nodes own their CPUs
+    watcher_pid: int = 0                   # the cgroup watcher (jobs with GMOUNT_NODE -> their node's CPUs)
 
     # --- running things inside the sites -----------------------------------------
 
@@ -101,9 +107,17 @@ class Emulation:
         """argv prefix that runs a command in a site's (or node's) network namespace."""
         return ["nsenter", f"--net=/run/netns/{self.netns_of(where)}", "--"]
 
-    def spawn(self, where: str, argv: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
-        """Start a process in a site; `down` kills it if it is still running."""
+    def spawn(self, where: str, argv: Sequence[str], *, node: str | None = None,
+              **popen: Any) -> subprocess.Popen[Any]:
+        """Start a process in a site; `down` kills it if it is still running.
+
+        With `node` (and nodes that own their CPUs) it runs in that node's cgroup from its first
+        instruction: a node's daemons (gfsd, gfarm2fs, sshfs) use that node's CPUs only.
+        """
         popen.setdefault("start_new_session", True)
+        groups = self.node_cgroups()
+        if node is not None and groups is not None:
+            popen["preexec_fn"] = groups.preexec(node)
         process = subprocess.Popen([*self.prefix_for(where), *argv], **popen)
         _children[process.pid] = process
         self.pids.append(process.pid)
@@ -114,6 +128,27 @@ class Emulation:
     def run(self, where: str, argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
         """Run a command to completion in a site."""
         return subprocess.run([*self.prefix_for(where), *argv], **kwargs)
+
+    def node_cgroups(self) -> NodeCgroups | None:
+        """The nodes' cgroups, when nodes own their CPUs (`up(..., node_cpus=True)`)."""
+        return NodeCgroups.from_dict(self.cgroups) if self.cgroups else None
+
+    def link(self) -> dict[str, Any]:
+        """What every run states: the emulated RTT and bandwidth between each pair of sites, and the CPUs."""
+        pairs = []
+        for key, rtt in self.rtt_ms.items():
+            a, b = key.split("|")
+            if a < b:
+                pairs.append({"sites": [a, b], "rtt_ms": rtt, "bandwidth_mbit": self.bandwidth_mbit.get(key)})
+        groups = self.node_cgroups()
+        return {"links": pairs, "cpus": groups.describe() if groups is not None else "shared (no node cgroups)"}
+
+    def wan_bytes(self) -> dict[str, int]:
+        """Bytes the hub has sent into each site so far (everything that crossed the WAN towards it)."""
+        out = subprocess.run(["ip", "-n", self.hub, "-s", "-j", "link", "show"], capture_output=True, text=True,
+                             check=True).stdout
+        by_dev = {link["ifname"]: int(link["stats64"]["tx"]["bytes"]) for link in json.loads(out)}
+        return {site: by_dev.get(f"s{i}", 0) for i, site in enumerate(self.netns, start=1)}
 
     def add_mount(self, mountpoint: str) -> None:
         """Remember a mount made from a site (sshfs, ...) so that `down` unmounts it."""
@@ -222,8 +257,14 @@ def _in(ns: str, *argv: str) -> list[str]:
     return ["nsenter", f"--net=/run/netns/{ns}", "--", *argv]
 
 
-def up(cluster_file: str | os.PathLike[str], *, workdir: str | os.PathLike[str] | None = None) -> Emulation:
-    """Build the emulated sites for a cluster file; on any failure everything built is removed."""
+def up(cluster_file: str | os.PathLike[str], *, workdir: str | os.PathLike[str] | None = None,
+       node_cpus: bool = False, cpus: Sequence[int] | None = None) -> Emulation:
+    """Build the emulated sites for a cluster file; on any failure everything built is removed.
+
+    With `node_cpus` every node gets a cgroup of its own with its CPUs (`cgroups.layout` over
+    `cpus`, default every CPU this process may use), and a watcher puts each job naming the
+    node (GMOUNT_NODE) into it.
+    """
     if (why := problem()) is not None:
         raise WanError(f"cannot emulate WAN sites here: {why}")
     data, spec, bandwidth = load_cluster(cluster_file)
@@ -243,16 +284,54 @@ def up(cluster_file: str | os.PathLike[str], *, workdir: str | os.PathLike[str] 
     out_dir.mkdir(parents=True, exist_ok=True)
     emu = Emulation(name=spec.name, prefix=prefix, hub=f"{prefix}-hub", netns=netns, address=address,
                     site_of={n: s for s, ns in spec.sites.items() for n in ns}, rtt_ms=site_rtts(spec),
-                    cluster_file=str(out_dir / f"{spec.name}.wan.toml"))
+                    cluster_file=str(out_dir / f"{spec.name}.wan.toml"),
+                    bandwidth_mbit={f"{a}|{b}": mbit for pair, mbit in bandwidth.items() for a in pair for b in pair
+                                    if a != b})
     emu.save()  # first, so that an interrupted build is still torn down by `down`
     try:
         _build(emu, sites, bandwidth, binary)
+        if node_cpus:
+            _own_cpus(emu, list(emu.address), sorted(cpus if cpus is not None else os.sched_getaffinity(0)))
         Path(emu.cluster_file).write_text(_gmount_cluster_toml(data, spec, emu))
         emu.save()
     except BaseException:
         down(emu)
         raise
     return emu
+
+
+def _own_cpus(emu: Emulation, nodes: list[str], cpus: list[int]) -> None:
+    """A cgroup per node with its CPUs, and the watcher that puts each node's jobs into it."""
+    groups = NodeCgroups(emu.prefix, layout(nodes, cpus), _hierarchy())
+    emu.cgroups = groups.to_dict()  # before anything is made: `down` removes what `made` lists
+    emu.save()
+    try:
+        groups._build()
+    finally:
+        emu.cgroups = groups.to_dict()
+        emu.save()
+    config = Path(emu.cluster_file).with_name(f"{emu.prefix}-cgroups.json")
+    config.write_text(json.dumps({"groups": groups.to_dict(), "clusters": [emu.name]}))
+    root = Path(__file__).resolve().parents[2]
+    watcher = subprocess.Popen([sys.executable, "-m", "benchmarks.wan.cgroups", "watch", str(config)], cwd=root,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _children[watcher.pid] = watcher
+    emu.watcher_pid = watcher.pid
+    emu.starts[str(watcher.pid)] = _start_time(watcher.pid) or 0
+    emu.save()
+    assert watcher.stdout is not None and watcher.stderr is not None
+    line = watcher.stdout.readline()
+    if line.strip() != "READY":
+        raise WanError(f"the cgroup watcher did not start: {watcher.stderr.read().strip() or line.strip()}")
+    watcher.stdout.close()
+    watcher.stderr.close()
+
+
+def _hierarchy() -> Hierarchy:
+    try:
+        return Hierarchy.detect()
+    except CgroupError as exc:
+        raise WanError(f"nodes cannot own their CPUs here: {exc}") from None
 
 
 def _build(emu: Emulation, sites: list[str], bandwidth: dict[frozenset[str], float], binary: Path) -> None:
@@ -479,6 +558,14 @@ def down(emu: Emulation | str) -> list[str]:
             if result.returncode != 0:
                 problems.append(f"could not unmount {mountpoint}: {result.stderr.strip()}")
     _kill(emu.delay_pid, emu.starts.get(str(emu.delay_pid)))
+    groups = emu.node_cgroups()
+    if groups is not None:
+        _kill(emu.watcher_pid, emu.starts.get(str(emu.watcher_pid)))
+        for node in groups.allotments:  # processes we put on a node's CPUs (jobs, daemons) are ours
+            for pid in groups.pids(node):
+                _kill(pid, None)
+        problems += groups.remove()
+        Path(emu.cluster_file).with_name(f"{emu.prefix}-cgroups.json").unlink(missing_ok=True)
     for ns in namespaces:
         if Path(f"/run/netns/{ns}").exists():
             for pid in _netns_pids(ns):
@@ -492,10 +579,10 @@ def down(emu: Emulation | str) -> list[str]:
 
 
 @contextmanager
-def emulate(cluster_file: str | os.PathLike[str], *,
-            workdir: str | os.PathLike[str] | None = None) -> Iterator[Emulation]:
+def emulate(cluster_file: str | os.PathLike[str], *, workdir: str | os.PathLike[str] | None = None,
+            node_cpus: bool = False, cpus: Sequence[int] | None = None) -> Iterator[Emulation]:
     """The emulation for the duration of a block; torn down on exit, errors and Ctrl-C."""
-    emu = up(cluster_file, workdir=workdir)
+    emu = up(cluster_file, workdir=workdir, node_cpus=node_cpus, cpus=cpus)
     try:
         yield emu
     finally:
@@ -518,6 +605,20 @@ def variant_file(emu: Emulation, variant: str, tuning: dict[str, Any]) -> str:
     return str(path)
 
 
+def own_cpus(emu: Emulation, cluster: str) -> None:
+    """Put a running gmount cluster's daemons into their nodes' cgroups (if nodes own their CPUs):
+    what a daemon starts afterwards runs there too."""
+    from gmountpy.cluster import state as state_store
+
+    groups = emu.node_cgroups()
+    state = state_store.load(cluster)
+    if groups is None or state is None:
+        return
+    for node, record in state.nodes.items():
+        if node in groups.allotments:
+            groups.enter(record.pid, node)
+
+
 @contextmanager
 def gmount_cluster(emu: Emulation, variant: str = "", tuning: dict[str, Any] | None = None) -> Iterator[ClusterSpec]:
     """`gmount up` on the emulation's cluster file (daemons in the site namespaces); down on exit.
@@ -534,6 +635,7 @@ def gmount_cluster(emu: Emulation, variant: str = "", tuning: dict[str, Any] | N
     emu.save()
     try:
         launch.up(spec)
+        own_cpus(emu, spec.name)
         yield spec
     finally:
         problems = launch.down(spec.name)

@@ -14,11 +14,14 @@ The protocol is small enough for a C client: one request per connection,
 fields ending with NUL, then end of file; the reply likewise.
 
     request   "gmount-jobs/1" "place" <cwd> <pinned node or ""> <input> <input> ...
+              "gmount-jobs/1" "place-planned" <cwd> <pinned node or ""> <planned node> <input> ...
     reply     "ok" "node=n3" "site=..." ... | "error" <message>
 
 `cwd` is an absolute path inside the daemon's mount; inputs are relative
-to it or absolute. The reply's keys are in `REPLY_KEYS`. Standard library
-only: the Snakemake executor and tests use `place` below.
+to it or absolute. "place-planned" names the node DAG-aware staging planned
+the job on (`gmountpy.jobs.prestage`): it wins when the rule counts it a
+candidate. The reply's keys are in `REPLY_KEYS`. Standard library only: the
+Snakemake executor and tests use `place` below.
 """
 
 from __future__ import annotations
@@ -60,8 +63,9 @@ def socket_path(mountpoint: str, uid: int | None = None) -> str:
     return os.path.join(socket_directory(uid), f"jobs-{fnv1a64(os.fsencode(mountpoint)):016x}.sock")
 
 
-def encode_request(cwd: str, inputs: list[str], pin: str | None = None) -> bytes:
-    fields = [MAGIC, "place", cwd, pin or "", *inputs]
+def encode_request(cwd: str, inputs: list[str], pin: str | None = None, planned: str | None = None) -> bytes:
+    fields = [MAGIC, "place-planned", cwd, pin or "", planned, *inputs] if planned else \
+        [MAGIC, "place", cwd, pin or "", *inputs]
     for field in fields:
         if "\0" in field:
             raise ValueError(f"a NUL character cannot be sent: {field!r}")
@@ -85,13 +89,14 @@ def decode_reply(data: bytes) -> dict[str, str]:
 
 
 def place(mountpoint: str, cwd: str, inputs: list[str], pin: str | None = None,
-          timeout: float = 60.0) -> dict[str, str]:
-    """Ask the daemon mounted at `mountpoint` where a job run in `cwd` with `inputs` belongs.
+          timeout: float = 60.0, planned: str | None = None) -> dict[str, str]:
+    """Ask the daemon mounted at `mountpoint` where a job run in `cwd` with `inputs` belongs
+    (`planned`: the node DAG-aware staging planned it on, taken if a candidate).
 
     OSError when the daemon cannot be reached (no socket: an older daemon, or
     another machine's mount); JobsError when it answers with an error.
     """
-    request = encode_request(cwd, inputs, pin)
+    request = encode_request(cwd, inputs, pin, planned)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(socket_path(mountpoint))

@@ -24,7 +24,8 @@ running/slots, then most free slots, then cluster-file order).
 
 Workflow jobs (make recipes, Snakemake jobs) go through `place_job`: a
 pinned node wins, a job without located inputs stays on the node asked (the
-one make or Snakemake runs on), anything else is `choose_node`'s. The node
+one make or Snakemake runs on), a node DAG-aware staging planned the job on wins
+when it is a candidate, anything else is `choose_node`'s. The node
 daemon answers make and the Snakemake executor with it, and `gmount plan`
 predicts a run with it.
 """
@@ -172,12 +173,14 @@ class JobPlacement:
 
 
 def place_job(holdings: Holdings, nodes: Sequence[str], *, asked: str, slots: Mapping[str, int],
-              rtt: Callable[[str, str], float], pin: str = "") -> JobPlacement:
+              rtt: Callable[[str, str], float], pin: str = "", planned: str = "") -> JobPlacement:
     """The node for a workflow job with inputs held as `holdings` says, asked from node `asked`.
 
-    `pin` (a node the job names) wins; a job with no located input stays on `asked`; otherwise
-    `choose_node` decides, with no jobs counted as running (the asking workflow engine keeps its
-    own job limit).
+    `pin` (a node the job names) wins; a job with no located input stays on `asked`; then
+    `planned` (the node DAG-aware staging planned the job on, `gmountpy.jobs.prestage`) if it is a
+    candidate under the rule (at least half the best node's bytes: its staged replicas count for
+    it); otherwise `choose_node` decides, with no jobs counted as running (the asking workflow
+    engine keeps its own job limit).
     """
     if pin:
         if pin not in nodes:
@@ -190,6 +193,10 @@ def place_job(holdings: Holdings, nodes: Sequence[str], *, asked: str, slots: Ma
     else:
         decision = choose_node(holdings, nodes, slots=slots, running={}, rtt=rtt)
         node, reason = decision.node, decision.reason
+        if planned and planned != node and planned in decision.candidates:
+            node = planned
+            reason = (f"planned by DAG-aware staging: holds {decision.scores[planned]} of the input bytes, "
+                      f"a candidate (the rule alone: {decision.node})")
     local, remote = input_bytes(holdings, node)
     return JobPlacement(node, reason, local, remote)
 

@@ -236,14 +236,18 @@ class NodeDaemon:
             seal.seal()
             try:
                 log.info("node %s mounted %s (export %s)", self.me, self.node.mountpoint, self.node.export)
-                _say(out, "READY", {"pid": os.getpid(), "mountpoint": self.node.mountpoint})
-                _detach_stdio()
 
-                async def watch_signals() -> None:
+                async def watch_signals(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
                     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                        task_status.started()
                         async for signum in signals:
                             log.info("received signal %d, unmounting", signum)
                             control.shutdown.set()
+
+                # SIGTERM is caught before anyone hears READY: a `down` right after `up` still unmounts
+                await nursery.start(watch_signals)
+                _say(out, "READY", {"pid": os.getpid(), "mountpoint": self.node.mountpoint})
+                _detach_stdio()
 
                 nudge = _FuseReaderNudge(self.node.mountpoint)
 
@@ -252,7 +256,6 @@ class NodeDaemon:
                     nudge.stop()  # no request of its own on a mount being unmounted
                     pyfuse3.terminate()
 
-                nursery.start_soon(watch_signals)
                 nursery.start_soon(stop_when_asked)
                 nursery.start_soon(nudge.keep_beating)
                 nudge.start()

@@ -79,8 +79,9 @@ class JobPlacer:
         """Whether `node`'s mount is on another machine (jobs reach it over SSH)."""
         return node != self.me and self.spec.launcher == "ssh"
 
-    async def place(self, cwd: str, inputs: list[str], pin: str = "") -> dict[str, str]:
-        """The reply to one request (`gmountpy.cluster.jobsocket.REPLY_KEYS`)."""
+    async def place(self, cwd: str, inputs: list[str], pin: str = "", planned: str = "") -> dict[str, str]:
+        """The reply to one request (`gmountpy.cluster.jobsocket.REPLY_KEYS`); `planned`: the node DAG-aware
+        staging planned the job on (`gmountpy.jobs.prestage`), taken if the rule counts it a candidate."""
         self.requests += 1
         directory = self._namespace_path(posixpath.normpath(cwd)) if cwd.startswith("/") else None
         if directory is None:
@@ -88,13 +89,17 @@ class JobPlacer:
         if pin and pin not in self.spec.nodes:
             raise ValueError(f"{pin!r} is not a node of cluster {self.spec.name!r} "
                              f"(nodes: {', '.join(self.nodes)})")
+        if planned and planned not in self.spec.nodes:
+            raise ValueError(f"the job was planned on {planned!r}, which is not a node of cluster "
+                             f"{self.spec.name!r} (nodes: {', '.join(self.nodes)})")
         paths: list[str] = []
         for item in inputs:
             found = self._namespace_path(posixpath.normpath(posixpath.join(cwd, item)))
             if found is not None and found not in paths:
                 paths.append(found)
         holdings = await self.holdings(paths)
-        placed = place_job(holdings, self.nodes, asked=self.me, slots=self.slots, rtt=self.overlay.rtt, pin=pin)
+        placed = place_job(holdings, self.nodes, asked=self.me, slots=self.slots, rtt=self.overlay.rtt, pin=pin,
+                           planned=planned)
         node = placed.node
         remote_node = self.is_remote(node)
         return {"node": node, "site": self.spec.node(node).site, "cluster": self.spec.name, "make_node": self.me,
@@ -200,14 +205,16 @@ def encode_reply(reply: dict[str, str] | None, error: str = "") -> bytes:
     return b"ok\0" + b"".join(os.fsencode(f"{key}={value}") + b"\0" for key, value in reply.items())
 
 
-def decode_request(data: bytes) -> tuple[str, str, list[str]]:
-    """(cwd, pinned node, inputs) of a request; ValueError if it is not one."""
+def decode_request(data: bytes) -> tuple[str, str, str, list[str]]:
+    """(cwd, pinned node, planned node, inputs) of a request; ValueError if it is not one."""
     if not data.endswith(b"\0"):
         raise ValueError("truncated request")
     fields = [os.fsdecode(field) for field in data[:-1].split(b"\0")]
+    if len(fields) >= 5 and fields[0] == MAGIC and fields[1] == "place-planned":
+        return fields[2], fields[3], fields[4], fields[5:]
     if len(fields) < 4 or fields[0] != MAGIC or fields[1] != "place":
         raise ValueError(f"not a {MAGIC} placement request")
-    return fields[2], fields[3], fields[4:]
+    return fields[2], fields[3], "", fields[4:]
 
 
 async def serve_jobs(placer: JobPlacer, path: str, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -299,8 +306,8 @@ async def _answer(placer: JobPlacer, stream: trio.SocketStream) -> None:
     if waited.cancelled_caught:
         return
     try:
-        cwd, pin, inputs = decode_request(b"".join(chunks))
-        reply = encode_reply(await placer.place(cwd, inputs, pin))
+        cwd, pin, planned, inputs = decode_request(b"".join(chunks))
+        reply = encode_reply(await placer.place(cwd, inputs, pin, planned))
     except ValueError as exc:
         reply = encode_reply(None, f"node {placer.me}: {exc}")
     except Exception as exc:  # never take the daemon down for one request: say what happened

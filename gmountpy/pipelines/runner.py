@@ -29,11 +29,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
 from ..api import Cluster
 from ..errors import GmountError
+from ..jobs import prestage
 from .base import Job, Options, Pipeline
 
 ENGINES = ("make", "snakemake")
@@ -68,6 +70,14 @@ case $PWD in
 esac
 GMOUNT_NODE=$node
 export GMOUNT_NODE
+if [ -n "$GMOUNT_PLACEMENT_SETTLE" ]; then
+  # a file system that publishes a closed file's size a moment after close() (Gfarm): the next
+  # job, maybe on another node, must not start before
+  ${GMOUNT_PLACEMENT_SHELL:-/bin/sh} "$@"
+  status=$?
+  sleep "$GMOUNT_PLACEMENT_SETTLE"
+  exit $status
+fi
 exec ${GMOUNT_PLACEMENT_SHELL:-/bin/sh} "$@"
 """
 
@@ -133,7 +143,14 @@ def run_single_directory(pipe: Pipeline, size: int, engine: str, directory: str,
 
 def _placement_env(cluster: Cluster, placement: str, home: str, single_node: str, seed: int,
                    shell: str) -> dict[str, str]:
-    mounts = {n.name: n.mountpoint for n in cluster.nodes}
+    return placement_env({n.name: n.mountpoint for n in cluster.nodes}, cluster.name, placement, home, single_node,
+                         seed, shell)
+
+
+def placement_env(mounts: Mapping[str, str], cluster: str, placement: str, home: str, single_node: str, seed: int,
+                  shell: str) -> dict[str, str]:
+    """The environment PLACEMENT_SH reads: each node's mount, the placement, the node or seed. Jobs also
+    see GMOUNT_CLUSTER (and the node they run on, GMOUNT_NODE), as the plugins give them."""
     for node, mount in mounts.items():
         if any(c.isspace() for c in mount + node):
             raise GmountError(f"node {node}'s mountpoint {mount!r} contains white space: the placement "
@@ -141,7 +158,21 @@ def _placement_env(cluster: Cluster, placement: str, home: str, single_node: str
     return {"GMOUNT_PLACEMENT": placement, "GMOUNT_PLACEMENT_NODES": " ".join(mounts),
             "GMOUNT_PLACEMENT_NODE": single_node, "GMOUNT_PLACEMENT_SEED": str(seed),
             "GMOUNT_PLACEMENT_MOUNTS": " ".join(f"{n}={m}" for n, m in mounts.items()),
-            "GMOUNT_PLACEMENT_HOME": mounts[home], "GMOUNT_PLACEMENT_SHELL": shell}
+            "GMOUNT_PLACEMENT_HOME": mounts[home], "GMOUNT_PLACEMENT_SHELL": shell, "GMOUNT_CLUSTER": cluster}
+
+
+def _write_wrapper(scratch: str) -> str:
+    wrapper = os.path.join(scratch, "placement.sh")
+    with open(wrapper, "w") as f:
+        f.write(PLACEMENT_SH)
+    os.chmod(wrapper, os.stat(wrapper).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return wrapper
+
+
+def _baseline_args(engine: str, wrapper: str) -> list[str]:
+    if engine == "make":
+        return ["GMOUNT_OFF=1", f"SHELL={wrapper}", "GMOUNT_TARGET=$@"]
+    return ["--config", f"shell={wrapper}"]
 
 
 def _walk(cluster: Cluster, root: str) -> dict[str, Any]:
@@ -222,21 +253,23 @@ def run_on_cluster(cluster: Cluster, pipe: Pipeline, size: int, engine: str, pla
         # outputs written on another node reach the head node's view within the attribute TTL
         extra = ["--executor", "gmount", "--latency-wait", "10"] if engine == "snakemake" else []
     else:
-        wrapper = os.path.join(scratch, "placement.sh")
-        with open(wrapper, "w") as f:
-            f.write(PLACEMENT_SH)
-        os.chmod(wrapper, os.stat(wrapper).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        wrapper = _write_wrapper(scratch)
         shell = "/bin/sh" if engine == "make" else (shutil.which("bash") or "/bin/sh")
         env = _placement_env(cluster, placement, home, single, seed, shell)
-        if engine == "make":
-            extra = ["GMOUNT_OFF=1", f"SHELL={wrapper}", "GMOUNT_TARGET=$@"]
-        else:
-            extra = ["--config", f"shell={wrapper}"]
+        extra = _baseline_args(engine, wrapper)
 
+    staging = placement == "locality" and engine == "make" and prestage.enabled()
+    if staging:  # the make plugin's placement log, where the prestager learns which recipes finished
+        env["GMOUNT_PLACEMENT_LOG"] = os.path.join(home_dir, ".gmount", f"make-{stamp}.jsonl")
     before = cluster.counters()
     started_ns = time.time_ns()
-    run = _run_engine(_engine_command(engine, parallel, extra), home_dir, env,
-                      os.path.join(scratch, f"{pipe.name}-{engine}-{placement}.log"))
+    with ExitStack() as stack:
+        follower = None
+        if staging:  # DAG-aware staging: outputs go ahead of time to where their consumers will run
+            follower = stack.enter_context(prestage.follow(cluster, home_dir, workdir, env["GMOUNT_PLACEMENT_LOG"],
+                                                           running=parallel))
+        run = _run_engine(_engine_command(engine, parallel, extra), home_dir, env,
+                          os.path.join(scratch, f"{pipe.name}-{engine}-{placement}.log"))
     after = cluster.counters()
     if run.returncode != 0:
         raise GmountError(f"the {pipe.name} pipeline failed on cluster {cluster.name} ({engine}, {placement} "
@@ -246,8 +279,65 @@ def run_on_cluster(cluster: Cluster, pipe: Pipeline, size: int, engine: str, pla
     counters = _delta(after, before)
     report = _report(pipe, size, engine, placement, cluster, workdir, home_dir, run, started_ns, rows, counters)
     report["job_seconds"] = placement_log_seconds(home_dir, rows, pipe.rules)
+    report["prestage"] = follower.stats.to_dict() if follower is not None else None
     report.update(options or {})
     return report
+
+
+def run_on_mounts(pipe: Pipeline, size: int, engine: str, mounts: Mapping[str, str], sites: Mapping[str, Sequence[str]],
+                  *, system: str, scratch: str, placement: str = "random", seed: int = 1,
+                  inputs_at: Mapping[str, str] | None = None, options: Options | None = None,
+                  settle: float = 0.0, slots: int = 1) -> dict[str, Any]:
+    """One run of `pipe` on another shared file system mounted on every node (Gfarm, a central server):
+    the jobs spread by the baseline wrapper (`random`: a hash of the job; `single`: all on the first node),
+    each in the same directory of its node's mount. Inputs are written through each holding node's mount,
+    or under `inputs_at[node]` (a central server's own directory) -- where they sit after acquisition.
+    `settle`: seconds each job waits after it ended, for a file system that shows a closed file's size
+    on other nodes only a moment later. `slots`: jobs a node runs at once (make -j: slots x nodes)."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}: choose {' or '.join(ENGINES)}")
+    if placement not in ("random", "single"):
+        raise ValueError(f"unknown placement {placement!r} for another file system: choose random or single")
+    home = next(iter(mounts))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    workdir = f"/pipelines/{pipe.name}-{size}-{engine}-{system}-{placement}-{stamp}-{os.getpid()}"
+    where = inputs_at or mounts
+    pipe.generate(size, sites, lambda node: where[node] + workdir, options or {})
+    home_dir = mounts[home] + workdir
+    _copy_workflow(pipe, (where[home]) + workdir)
+    os.makedirs(scratch, exist_ok=True)
+    wrapper = _write_wrapper(scratch)
+    shell = "/bin/sh" if engine == "make" else (shutil.which("bash") or "/bin/sh")
+    env = placement_env(mounts, system, placement, home, home, seed, shell)
+    if settle > 0:
+        env["GMOUNT_PLACEMENT_SETTLE"] = f"{settle:g}"
+    parallel = slots * (len(mounts) if placement == "random" else 1)
+    started_ns = time.time_ns()
+    run = _run_engine(_engine_command(engine, parallel, _baseline_args(engine, wrapper)), home_dir, env,
+                      os.path.join(scratch, f"{pipe.name}-{engine}-{system}-{placement}.log"))
+    if run.returncode != 0:
+        raise GmountError(f"the {pipe.name} pipeline failed on {system} ({engine}, {placement} placement, exit "
+                          f"{run.returncode}) in {home_dir}:\n{_tail(run.output)}")
+    files = _plain_walk(home_dir)
+    jobs = pipe.jobs(list(files))
+    input_bytes = sum(files.get(path, 0) for job in jobs for path in job.inputs)
+    return {"pipeline": pipe.name, pipe.size_name: size, "engine": engine, "placement": placement, "system": system,
+            "nodes": {n: s for s, ns in sites.items() for n in ns}, "workdir": workdir, "directory": home_dir,
+            "makespan_s": round(run.seconds, 3), "jobs": len(jobs), "declared_input_bytes": {"total": input_bytes},
+            "started_ns": started_ns, "settle_s": settle, **(options or {})}
+
+
+def _plain_walk(root: str) -> dict[str, int]:
+    """Every file under a directory of a plain mount: relative path -> size."""
+    files: dict[str, int] = {}
+    for directory, dirs, names in os.walk(root):
+        rel_dir = os.path.relpath(directory, root)
+        dirs[:] = [d for d in dirs if not (rel_dir == "." and d in _ENGINE_DIRS)]
+        for name in names:
+            rel = os.path.normpath(os.path.join(rel_dir, name))
+            if not rel.endswith(".tmp"):
+                files[rel] = os.path.getsize(os.path.join(directory, name))
+    return files
 
 
 def placement_log_seconds(directory: str, rows: list[dict[str, Any]],

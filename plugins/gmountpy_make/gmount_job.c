@@ -21,6 +21,8 @@
  *   make's own error (`gmount: target T failed on node n3: its recipe exited with status 7`).
  * - One JSON line per recipe goes to $GMOUNT_PLACEMENT_LOG, in the format of the Python gmount-sh,
  *   with "via": "daemon".
+ * - A node DAG-aware staging planned for the target ($GMOUNT_PLACEMENT_LOG.plan, written by
+ *   gmountpy.jobs.prestage) is sent along; the daemon takes it when the rule counts it a candidate.
  * - `gmount-job --gmount-check` (gmount.mk, once per run of make): prints "place <time>-<make's pid>"
  *   when the working directory is in a gmount mount whose daemon answers on its job socket (the
  *   stamp names the run's placement log), else "local <why>", so
@@ -360,6 +362,40 @@ static int own_node(const char *mount, const char *cwd, buffer *card, buffer *pa
     out->remote = "0";
     out->inputs = out->bytes_local = out->bytes_remote = "0";
     return 1;
+}
+
+/* ------------------------------------------------------------------ the prestager's plan */
+
+/* The node DAG-aware staging (gmountpy.jobs.prestage) planned for `target`: a line "target<TAB>node" of
+ * $GMOUNT_PLACEMENT_LOG.plan (gmountpy.jobs.planned), copied into `out`; NULL when there is no plan for it. */
+static const char *planned_node(const char *target, buffer *out) {
+    const char *log = getenv("GMOUNT_PLACEMENT_LOG");
+    if (!log || !*log)
+        return NULL;
+    buffer path = {0}, plan = {0};
+    puts_(&path, log);
+    puts_(&path, ".plan");
+    int fd = open(path.data, O_RDONLY | O_CLOEXEC);
+    free(path.data);
+    if (fd < 0)
+        return NULL;
+    int failed = read_all(fd, &plan, MAX_REPLY);
+    close(fd);
+    const char *found = NULL;
+    size_t target_len = strlen(target);
+    for (char *line = plan.data; !failed && line && *line;) {
+        char *end = strchr(line, '\n');
+        size_t len = end ? (size_t)(end - line) : strlen(line);
+        char *tab = memrchr(line, '\t', len);
+        if (tab && (size_t)(tab - line) == target_len && memcmp(line, target, target_len) == 0 && tab + 1 < line + len) {
+            put(out, tab + 1, (size_t)(line + len - tab - 1));
+            found = out->data;
+            break;
+        }
+        line = end ? end + 1 : NULL;
+    }
+    free(plan.data);
+    return found;
 }
 
 /* ------------------------------------------------------------------ the placement log */
@@ -735,11 +771,17 @@ int main(int argc, char **argv) {
     if (fd < 0)
         exec_fallback(original, "no job socket");
 
-    buffer request = {0};
+    buffer request = {0}, plan = {0};
+    const char *planned = planned_node(target, &plan);
     put(&request, MAGIC, sizeof MAGIC);
-    put(&request, "place", sizeof "place");
+    if (planned)  /* taken by the daemon if the placement rule counts it a candidate */
+        put(&request, "place-planned", sizeof "place-planned");
+    else
+        put(&request, "place", sizeof "place");
     put(&request, cwd, strlen(cwd) + 1);
     put(&request, "", 1);  /* no pinned node */
+    if (planned)
+        put(&request, planned, strlen(planned) + 1);
     for (const char *p = deps ? deps : ""; *p;) {
         size_t skip = strspn(p, " \t\n"), len;
         p += skip;

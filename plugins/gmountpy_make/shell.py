@@ -47,6 +47,7 @@ import time
 
 from gmountpy.cluster import mounts, registry
 from gmountpy.jobs import bypass
+from gmountpy.jobs.planned import planned_node
 
 TYPE_CHECKING = False  # typing is not imported at run time: it costs more than a small recipe
 if TYPE_CHECKING:
@@ -124,7 +125,8 @@ def say_failure(target: str, node: str, status: int) -> None:
 
 
 def choose(cluster: mounts.MountedCluster, here: str, holdings: dict[str, dict[str, int]]) -> str:
-    """The node for a recipe: `place($^)`; the make process's node when no prerequisite is located."""
+    """The node for a recipe: `place($^)`; the make process's node when no prerequisite is located;
+    the node a prestager planned for the target if it is a candidate under the rule (gmountpy.jobs.prestage)."""
     located = {path: held for path, held in holdings.items() if held}
     if not located:
         return here
@@ -132,6 +134,9 @@ def choose(cluster: mounts.MountedCluster, here: str, holdings: dict[str, dict[s
     for held in located.values():
         for name, size in held.items():
             scores[name] = scores.get(name, 0) + size
+    planned = planned_node(os.environ.get("GMOUNT_TARGET", ""), os.environ.get("GMOUNT_PLACEMENT_LOG"))
+    if planned is not None and 2 * scores.get(planned, 0) >= max(scores.values()):
+        return planned
     holding = [name for name, score in scores.items() if score > 0]
     if len(holding) == 1:  # the only candidate under the rule (every other node scores 0 < best/2)
         return holding[0]

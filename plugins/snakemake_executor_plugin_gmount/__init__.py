@@ -34,7 +34,10 @@ started.
 
 The public gmountpy API (gmountpy.api), the job socket's client, the placement rule and the
 stdlib-only mount lookups (gmountpy.cluster.mounts) are used. `job_inputs`, `job_pin` and `place`
-are what `gmount plan` shares with the executor to predict a run.
+are what `gmount plan` shares with the executor to predict a run. DAG-aware staging
+(gmountpy.jobs.prestage): each finished job's outputs are staged ahead of time to the node
+its consumers are planned on, and the daemon runs a job on its planned node when the
+placement rule counts that node as a candidate (GMOUNT_PRESTAGE=0 turns it off).
 """
 
 # No `from __future__ import annotations`: Snakemake reads the settings' field types at run time.
@@ -60,6 +63,7 @@ from snakemake_interface_executor_plugins.settings import CommonSettings, Execut
 from gmountpy import GmountError
 from gmountpy.api import Cluster, Spawned
 from gmountpy.cluster import jobsocket, mounts
+from gmountpy.jobs import prestage
 from gmountpy.jobs.placement import JobPlacement, place_job
 from gmountpy.jobs.runlog import with_run_summary
 
@@ -147,6 +151,10 @@ class Executor(RemoteExecutor):
         self._log_lock = threading.Lock()
         self.logger.info(f"gmount: cluster {self.cluster.name}, head node {self.head_node}; "
                          f"placement log {os.path.relpath(self.log_path)}")
+        # DAG-aware staging: a finished job's outputs go ahead of time to where their consumers will run
+        self.staging = prestage.SnakemakeStaging(
+            self.cluster, cwd, self.directory, self.workflow,
+            running=getattr(self.workflow.resource_settings, "nodes", None) or 1) if prestage.enabled() else None
 
     def _on_disk(self, path: str) -> str:
         """The head node's own file at `path` (in its mount), in its export directory."""
@@ -162,8 +170,9 @@ class Executor(RemoteExecutor):
         The head node's daemon answers from its warm state on its job socket; without one (a
         daemon that has none), the same rule here over what the mount says (`place`)."""
         pinned = job_pin(job, self.cluster.nodes.names, self.cluster.name)
+        planned = self.staging.planned(job) if self.staging is not None else None
         try:
-            reply = jobsocket.place(self.head_mount_real, os.getcwd(), inputs, pin=pinned)
+            reply = jobsocket.place(self.head_mount_real, os.getcwd(), inputs, pin=pinned, planned=planned)
         except jobsocket.JobsError as exc:
             raise GmountError(str(exc)) from None
         except (OSError, ValueError):
@@ -172,7 +181,7 @@ class Executor(RemoteExecutor):
                 raise GmountError(f"{os.getcwd()} is no longer inside a mount of cluster {self.cluster.name!r}") \
                     from None
             mounted, head, _ = found
-            placed = place(mounted.holdings(inputs), mounted, head, pinned)
+            placed = place(mounted.holdings(inputs), mounted, head, pinned, planned)
             return placed.node, placed.reason, placed.bytes_local, placed.bytes_remote, "api"
         reason = PINNED if pinned else reply["reason"]
         return reply["node"], reason, int(reply["bytes_local"]), int(reply["bytes_remote"]), "daemon"
@@ -239,6 +248,8 @@ class Executor(RemoteExecutor):
             command_status = status if running.via == "shell" else _command_status(text)
             self._log(job_info.job, running, status, command_exit=None if status == 0 else command_status)
             if status == 0:
+                if self.staging is not None:
+                    self.staging.finished(job_info.job, running.node)
                 self.report_job_success(job_info)
             else:
                 said = _tail_lines(text) if running.via == "shell" else _command_stderr(text)
@@ -248,7 +259,14 @@ class Executor(RemoteExecutor):
                     f"gmount: job {job_info.job.name} ({job_info.job.jobid}) failed on node {running.node}: {why}. "
                     f"Its stderr there:\n{said}\n(whole log: {running.stderr})\n"), aux_logs=[running.stderr])
 
-    shutdown = with_run_summary(RemoteExecutor.shutdown)  # the run's summary line at its end
+    @with_run_summary  # the run's summary line at its end
+    def shutdown(self) -> None:
+        if self.staging is not None:
+            stats = self.staging.stop()
+            self.logger.info(f"gmount: DAG-aware staging copied {stats.staged_files} files "
+                             f"({stats.staged_bytes} bytes) ahead of their jobs"
+                             + (f"; {len(stats.errors)} problems, first: {stats.errors[0]}" if stats.errors else ""))
+        RemoteExecutor.shutdown(self)
 
     def cancel_jobs(self, active_jobs: list[SubmittedJobInfo]) -> None:
         """Stop every running job (SIGTERM to its process group, SIGKILL after the grace time)."""
@@ -322,11 +340,12 @@ def job_pin(job: Any, nodes: Sequence[str], cluster: str) -> Optional[str]:
 
 
 def place(holdings: Mapping[str, Mapping[str, int]], cluster: mounts.MountedCluster, head: str,
-          pin: Optional[str]) -> JobPlacement:
+          pin: Optional[str], planned: Optional[str] = None) -> JobPlacement:
     """Where a job with inputs held as `holdings` runs when Snakemake runs on node `head`: the rule the
-    head's daemon applies (`gmountpy.jobs.placement.place_job`), with a pin's reason as the log says it."""
+    head's daemon applies (`gmountpy.jobs.placement.place_job`, `planned` the node DAG-aware staging
+    planned), with a pin's reason as the log says it."""
     placed = place_job(holdings, list(cluster.nodes), asked=head, rtt=cluster.rtt, pin=pin or "",
-                       slots={name: node.slots for name, node in cluster.nodes.items()})
+                       planned=planned or "", slots={name: node.slots for name, node in cluster.nodes.items()})
     if pin:
         return JobPlacement(placed.node, PINNED, placed.bytes_local, placed.bytes_remote)
     return placed

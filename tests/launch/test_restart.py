@@ -80,7 +80,8 @@ def test_up_after_a_crash_never_exposes_a_writable_mountpoint(cluster: LocalClus
         healed = launch.up(cluster.spec)  # clears the dead mount, starts n3 again
         assert wait_for(lambda: len(writer.written) > 20, timeout=10)  # through the new mount
     assert healed.nodes["n3"].pid != old and healed.nodes["n1"].pid == cluster.state.nodes["n1"].pid
-    assert set(writer.errors) <= {"ENOTCONN", "EACCES", "EPERM", "EIO"}, writer.errors
+    # ECONNABORTED: a write in flight when the kernel dropped the dead connection (docs/failures.md)
+    assert set(writer.errors) <= {"ENOTCONN", "ECONNABORTED", "EACCES", "EPERM", "EIO"}, writer.errors
     # every write that succeeded went through the new mount into n3's export
     assert [name for name in writer.written if not (cluster.export("n3") / name).is_file()] == []
     launch.down(cluster.spec.name)

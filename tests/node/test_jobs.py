@@ -56,6 +56,14 @@ async def test_place_scores_inputs_as_the_placement_rule_does(tmp_path: Path) ->
         assert (none["node"], none["inputs"], none["reason"]) == ("n1", "1", "no located inputs: the node asked (n1)")
         pinned = await jobs.place(cwd, ["b.txt", "c.txt"], pin="n4")
         assert (pinned["node"], pinned["bytes_local"], pinned["bytes_remote"]) == ("n4", "600", "1000")
+        # the node DAG-aware staging planned: taken when a candidate (600 >= 1000 / 2), not otherwise
+        planned = await jobs.place(cwd, ["b.txt", "c.txt"], planned="n4")
+        assert (planned["node"], planned["bytes_local"]) == ("n4", "600")
+        assert planned["reason"].startswith("planned by DAG-aware staging") and "(the rule alone: n3)" in \
+            planned["reason"]
+        assert (await jobs.place(cwd, ["b.txt", "a.txt"], planned="n1"))["node"] == "n3"  # 100 < 1000 / 2
+        with pytest.raises(ValueError, match="planned on 'n9', which is not a node"):
+            await jobs.place(cwd, ["b.txt"], planned="n9")
 
 
 @trio_test
@@ -85,8 +93,9 @@ async def test_place_resolves_paths_directories_and_links(tmp_path: Path) -> Non
 
 def test_requests_and_replies_round_trip() -> None:
     data = jobsocket.encode_request("/m/wf", ["a b", "c"], pin="n2")
-    assert decode_request(data) == ("/m/wf", "n2", ["a b", "c"])
-    assert decode_request(jobsocket.encode_request("/m", [])) == ("/m", "", [])
+    assert decode_request(data) == ("/m/wf", "n2", "", ["a b", "c"])
+    assert decode_request(jobsocket.encode_request("/m", [])) == ("/m", "", "", [])
+    assert decode_request(jobsocket.encode_request("/m", ["x"], planned="n3")) == ("/m", "", "n3", ["x"])
     reply = {key: f"v-{key}" for key in jobsocket.REPLY_KEYS}
     assert jobsocket.decode_reply(encode_reply(reply)) == reply
     with pytest.raises(jobsocket.JobsError, match="it went wrong"):

@@ -25,14 +25,17 @@ def spread(names: Sequence[str], sites: Mapping[str, Sequence[str]]) -> dict[str
 
 
 def generate(n: int, sites: Mapping[str, Sequence[str]], workdir_for: WorkdirFor, options: Options) -> None:
+    """n documents spread by site; option abstracts: abstracts per document (default 1; a few thousand make
+    a batch of a few MiB, as an archive ships them)."""
     from .corpus import pmids, write_corpus
 
-    if options:
-        raise ValueError(f"the event pipeline has no option {', '.join(sorted(options))}")
-
+    unknown = sorted(set(options) - {"abstracts"})
+    if unknown:
+        raise ValueError(f"the event pipeline has no option {', '.join(unknown)} (it has abstracts)")
     names = [f"{p}.xml" for p in pmids(n)]
     node_of = spread(names, sites)
-    write_corpus(n, lambda i, name: os.path.join(workdir_for(node_of[name]), "docs", name))
+    write_corpus(n, lambda i, name: os.path.join(workdir_for(node_of[name]), "docs", name),
+                 abstracts=options.get("abstracts", 1))
 
 
 def jobs(files: Sequence[str]) -> list[Job]:

@@ -109,14 +109,30 @@ def pmids(n: int, seed: int = 158) -> list[int]:
     return [10_000_000 + seed * 1000 + i for i in range(n)]
 
 
-def write_corpus(n: int, destination: Callable[[int, str], str], seed: int = 158) -> list[tuple[int, str]]:
-    """Write n abstracts; `destination(i, name)` gives the path of document i (name: PMID.xml)."""
+def batch(pmid: int, abstracts: int, seed: int = 158) -> str:
+    """A MedlineCitationSet of `abstracts` citations (PMIDs pmid*10000 + j): a document batch as an archive
+    ships them, a few MiB for a few thousand abstracts."""
+    parts = []
+    for j in range(abstracts):
+        sub = pmid * 10000 + j
+        one = abstract(sub, random.Random(f"{seed}-{pmid}-{j}"))
+        parts.append(one.split("\n", 1)[1])  # without its XML declaration
+    return ('<?xml version="1.0" encoding="UTF-8"?>\n<MedlineCitationSet>\n' + "".join(parts)
+            + "</MedlineCitationSet>\n")
+
+
+def write_corpus(n: int, destination: Callable[[int, str], str], seed: int = 158,
+                 abstracts: int = 1) -> list[tuple[int, str]]:
+    """Write n documents; `destination(i, name)` gives the path of document i (name: PMID.xml). A document is
+    one abstract, or with `abstracts` > 1 a batch of that many (a MedlineCitationSet)."""
+    if abstracts < 1:
+        raise ValueError(f"`abstracts` must be at least 1, got {abstracts}")
     written = []
     for i, pmid in enumerate(pmids(n, seed)):
         path = destination(i, f"{pmid}.xml")
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(path, "w") as f:
-            f.write(abstract(pmid, random.Random(f"{seed}-{pmid}")))
+            f.write(abstract(pmid, random.Random(f"{seed}-{pmid}")) if abstracts == 1 else batch(pmid, abstracts, seed))
         written.append((pmid, path))
     return written
 

@@ -74,15 +74,24 @@ def _dump(path: str, data: Any) -> None:
 
 
 def split(source: str, out: str) -> None:
-    """Title + abstract text of a MedlineCitation, split into sentences (sentencizer)."""
+    """Title + abstract text of each MedlineCitation (one, or a MedlineCitationSet of many), split into
+    sentences (sentencizer); each sentence of a batch carries its citation's PMID and its index there."""
     root = ET.parse(source).getroot()
-    pmid = (root.findtext("PMID") or "").strip()
-    text = " ".join(t.strip() for t in (root.findtext("Article/ArticleTitle"),
-                                         root.findtext("Article/Abstract/AbstractText")) if t)
+    citations = [root] if root.tag == "MedlineCitation" else root.findall("MedlineCitation")
     nlp = _blank()
     nlp.add_pipe("sentencizer")
-    doc = nlp(text)
-    _dump(out, {"pmid": pmid, "sentences": [{"start": s.start_char, "text": s.text} for s in doc.sents]})
+    sentences: list[dict[str, Any]] = []
+    for citation in citations:
+        pmid = (citation.findtext("PMID") or "").strip()
+        text = " ".join(t.strip() for t in (citation.findtext("Article/ArticleTitle"),
+                                             citation.findtext("Article/Abstract/AbstractText")) if t)
+        for index, s in enumerate(nlp(text).sents):
+            sentence: dict[str, Any] = {"start": s.start_char, "text": s.text}
+            if len(citations) > 1:
+                sentence.update(pmid=pmid, index=index)
+            sentences.append(sentence)
+    first = (citations[0].findtext("PMID") or "").strip() if citations else ""
+    _dump(out, {"pmid": first, "sentences": sentences})
 
 
 def tokenize(source: str, out: str) -> None:
@@ -193,7 +202,8 @@ def events(source: str, out: str) -> None:
             if trigger.i in seen:
                 continue
             seen.add(trigger.i)
-            rows.append("\t".join([data["pmid"], str(index), TRIGGERS[trigger.lemma_][0], trigger.text,
+            rows.append("\t".join([sentence.get("pmid", data["pmid"]), str(sentence.get("index", index)),
+                                   TRIGGERS[trigger.lemma_][0], trigger.text,
                                    trigger.lemma_, theme, cause]))
     _write(out, "".join(row + "\n" for row in rows))
 

@@ -64,7 +64,8 @@ def jobs(files: Sequence[str]) -> list[Job]:
     for t in tiles:
         add("mBackground", f"corr/{t}", [f"proj/{t}", area(f"proj/{t}"), "pimages.tbl", "corrections.tbl"])
     add("mImgtbl", "cimages.tbl", ["tiles.tbl", *(f"corr/{t}" for t in tiles)])
-    add("mAdd", "mosaic.fits", ["cimages.tbl", "region.hdr", *(f"corr/{t}" for t in tiles)])
+    add("mAdd", "mosaic.fits", ["cimages.tbl", "region.hdr", *(f"corr/{t}" for t in tiles),
+                                *(area(f"corr/{t}") for t in tiles)])
     add("mViewer", "mosaic.png", ["mosaic.fits"])
     return result
 
