@@ -590,6 +590,34 @@ async def test_mkdir_homes_the_directory_at_its_creator(tmp_path: Path) -> None:
 
 
 @trio_test
+async def test_a_directory_copied_into_another_export_ends_the_ownership_the_owner_relays(tmp_path: Path) -> None:
+    """A directory copied into another node's export under directories the root's home owns: that
+    node's scan reaches the root's home, which has the homes of the new subdirectories list them
+    there -- itself, both times, so no other node's request ends its ownerships. The names the
+    other node holds end them all the same: the owner finds its file, and an rmdir of its
+    directory is ENOTEMPTY."""
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        owner = homes_of(cluster).home("/")
+        ns = cluster[owner].namespace
+        other = next(node for node in NODES if node != owner)
+        await ns.mkdir("/top", 0o755)
+        await ns.mkdir("/top/sub", 0o755)
+        index = cluster[owner].index
+        assert index is not None and index.owns("/top") and index.owns("/top/sub")
+        copied = cluster[other].path("/top/sub/full")
+        copied.mkdir(parents=True)
+        (copied / "f").write_bytes(b"copied in")  # behind everyone's back
+        watcher = cluster[other].watcher
+        assert watcher is not None
+        assert await watcher.scan() == 1  # the root's listing (the owner lists the rest there itself)
+        assert not index.owns("/top") and not index.owns("/top/sub")
+        assert (await ns.lookup("/top/sub/full/f")).node == other
+        with pytest.raises(OSError) as refused:
+            await ns.rmdir("/top/sub/full")
+        assert refused.value.errno == errno.ENOTEMPTY
+
+
+@trio_test
 async def test_a_directory_made_by_its_parents_backup_costs_the_claim_alone(tmp_path: Path) -> None:
     """The backup of the parent's home keeps the copy of the parent's records itself, and the new
     directory is homed at its creator, which seeds its index itself: the mkdir is one message."""

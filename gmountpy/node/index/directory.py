@@ -142,6 +142,7 @@ class DirectoryIndex(OwnedDirectories):
                     continue
                 built = waited  # as built just now, even with nodes missing: do not list again at once
             built.used = trio.current_time()
+            await self._admit(directory, built.holders)  # listed again: held elsewhere too (copied in)?
             return built
 
     async def _build(self, directory: str) -> BuiltDirectory:
@@ -386,6 +387,7 @@ class DirectoryIndex(OwnedDirectories):
                 raise OSError(errno.EAGAIN, f"{join(directory, name)} is being created on another node; "
                                             "try again")
             return IndexClaimReply(tuple(others))  # (nothing is made on `node`: it is no holder of the directory)
+        await self._admit(directory, [node])
         built = self._dirs.get(directory)
         if built is not None:
             built.holders.add(node)  # a create there makes the directory on `node` (if it lacked it)
@@ -447,6 +449,7 @@ class DirectoryIndex(OwnedDirectories):
             backing = not built.entries.get(name)
         holder = Holder(attr.is_dir if attr is not None else request.is_dir, attr, request.replica_of,
                         trio.current_time())
+        await self._admit(directory, [node])
         self._change(directory, (name, node, holder))
         await self._revoke(directory, name, holder.is_dir, but=node, everyone=backing)
         await self._changed(directory, [name], but=node if request.asker is None else request.asker)
@@ -484,6 +487,7 @@ class DirectoryIndex(OwnedDirectories):
         directory, name, nodes, is_dir, asker = (request.directory, request.name, request.nodes, request.is_dir,
                                                  request.asker)
         backing = self._serving_as_backup(directory)
+        await self._admit(directory, nodes)
         current = self._dirs.get(directory)
         if current is None or current.entries.get(name):  # an old file under `name` is gone
             self._removed.record(directory, name, trio.current_time())
@@ -524,6 +528,7 @@ class DirectoryIndex(OwnedDirectories):
         """`op_sync`. `fresh`: the listing is newer than whatever a claim or close told this home
         (this node's own export, listed at the end of an ownership: its closes told nobody)."""
         directory, node, changes = request.directory, request.node, request.changes
+        await self._admit(directory, [node])
         parts = self._parts.get(directory)
         if parts is not None:
             await self._pass_on(directory, parts, msg.IndexSync(directory, node, changes, sorted(parts.bitmap)),

@@ -13,7 +13,9 @@ listing, a change, a scan report, a forget -- ends the ownership before it is se
 (`_end_ownership`): N takes the mark off the directory, waits for every create a job has
 under way there, and lists its export into the index (`op_sync`, as a scan would). So no
 node is ever told "not found" for a name whose create returned (hand-off rule 1) and no
-claim elsewhere misses a name made here (no twins, rule 3). N owns the directory again
+claim elsewhere misses a name made here (no twins, rule 3). A name of another node entering
+the index by any path (a scan report N relays as the parent's home, a listing again) ends it
+too (`_admit`): N's own lookups there answer from its export alone. N owns the directory again
 once the leases the others were given have ended (a create through the mount there
 checks, at most once a second).
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 import errno
 import logging
 import math
+from collections.abc import Iterable
 
 import trio
 
@@ -131,6 +134,16 @@ class OwnedDirectories(SubdirectoryHomes):
             await self._end_ownership(directory)
         elif (waiting := self._draining.get(directory)) is not None:
             await waiting.wait()
+
+    async def _admit(self, directory: str, nodes: Iterable[str]) -> None:
+        """Names held by `nodes` are about to enter `directory`'s index (a claim, a scan report, an
+        adoption, a rename's target): when one of them is another node, this node no longer holds
+        every name there and its ownership ends first -- whoever sent the request (the gate ends it
+        only for another node's: a scan report this node relays from another's export is its own)."""
+        if directory in self._owned or directory in self._unsettled:
+            me = self._peers.me
+            if any(node != me for node in nodes):
+                await self._end_ownership(directory)
 
     async def _end_ownership(self, directory: str) -> None:
         """Take the mark off, wait for the creates under way, and list the export into the index.
