@@ -617,6 +617,27 @@ async def test_a_directory_copied_into_another_export_ends_the_ownership_the_own
         assert refused.value.errno == errno.ENOTEMPTY
 
 
+@trio_test(frozen_clock=True)
+async def test_an_owned_directory_listed_again_ends_its_ownership_for_a_name_copied_in_elsewhere(
+        tmp_path: Path) -> None:
+    """A file copied into another node's copy of an owned directory, its scan report never seen
+    (the other node did not watch the directory): when the owner's index lists the directory again
+    (older than `rescan`, at the owner's next create there), the other node's name ends the ownership."""
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        owner, other = "n3", "n1"
+        ns = cluster[owner].namespace
+        await ns.mkdir("/top", 0o755)
+        index = cluster[owner].index
+        assert index is not None and index.owns("/top")
+        cluster[other].path("/top").mkdir()
+        (cluster[other].path("/top") / "far").write_bytes(b"copied in")  # behind everyone's back
+        await elapse(index.rescan + 1)
+        handle = await ns.create("/top/near", os.O_WRONLY | os.O_EXCL, 0o644)
+        await ns.release(handle)
+        assert not index.owns("/top")
+        assert (await ns.lookup("/top/far")).node == other
+
+
 @trio_test
 async def test_a_directory_made_by_its_parents_backup_costs_the_claim_alone(tmp_path: Path) -> None:
     """The backup of the parent's home keeps the copy of the parent's records itself, and the new
