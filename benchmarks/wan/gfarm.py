@@ -61,18 +61,7 @@ def problem() -> str | None:
 
 def ensure_installed(log: Any) -> str | None:
     """apt-get install Gfarm when it is missing (as root on Debian); why it is still unusable, or None."""
-    if problem() is None:
-        return None
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        return problem()
-    log(f"installing {' '.join(PACKAGES)} with apt-get")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv in (["apt-get", "update", "-qq"],
-                 ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PACKAGES]):
-        result = subprocess.run(argv, capture_output=True, text=True, env=env)
-        if result.returncode != 0:
-            return f"`{' '.join(argv)}` failed: {result.stderr.strip()[-500:]}"
-    return problem()
+    return wan.install_packages(PACKAGES, problem, log)
 
 
 class Gfarm:

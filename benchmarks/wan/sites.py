@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -645,3 +645,21 @@ def gmount_cluster(emu: Emulation, variant: str = "", tuning: dict[str, Any] | N
             Path(path).unlink(missing_ok=True)
         if problems:
             raise WanError(f"gmount down {spec.name}: {problems}")
+
+
+def install_packages(packages: Sequence[str], unusable: Callable[[], str | None],
+                     log: Callable[[str], None]) -> str | None:
+    """apt-get install a peer system's `packages` when `unusable()` says why it cannot run (as root on
+    Debian); why it is still unusable afterwards, or None."""
+    if unusable() is None:
+        return None
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return unusable()
+    log(f"installing {' '.join(packages)} with apt-get")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for argv in (["apt-get", "update", "-qq"],
+                 ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages]):
+        result = subprocess.run(argv, capture_output=True, text=True, env=env)
+        if result.returncode != 0:
+            return f"`{' '.join(argv)}` failed: {result.stderr.strip()[-500:]}"
+    return unusable()
