@@ -149,6 +149,11 @@ class Executor(RemoteExecutor):
         self.head_export = self.cluster.nodes[self.head_node].export.rstrip("/")
         os.makedirs(self._on_disk(self.output_dir), exist_ok=True)
         self._log_lock = threading.Lock()
+        # Every job started and not yet seen ending. Snakemake's `cancel` passes only the jobs its
+        # polling loop is not holding at that instant, so Ctrl-C stops these instead.
+        self._jobs_lock = threading.Lock()
+        self._live: dict[int, SubmittedJobInfo] = {}
+        self._cancelling = False
         self.logger.info(f"gmount: cluster {self.cluster.name}, head node {self.head_node}; "
                          f"placement log {os.path.relpath(self.log_path)}")
         # DAG-aware staging: a finished job's outputs go ahead of time to where their consumers will run
@@ -222,8 +227,17 @@ class Executor(RemoteExecutor):
         self.logger.info(f"gmount: job {job.name} ({job.jobid}) runs on {node} ({reason}; {via})")
         running = _Running(spawned, node, reason, inputs, local, remote, base + ".out", base + ".err", via, because,
                            placed_by)
-        self.report_job_submission(SubmittedJobInfo(job, external_jobid=f"{node}:{spawned.pid}",
-                                                    aux={"gmount": running}))
+        job_info = SubmittedJobInfo(job, external_jobid=f"{node}:{spawned.pid}", aux={"gmount": running})
+        self._track(job_info)
+        self.report_job_submission(job_info)
+
+    def _track(self, job_info: SubmittedJobInfo) -> None:
+        """Remember a started job until it is seen ending; stop it now if Ctrl-C came while it started."""
+        with self._jobs_lock:
+            self._live[id(job_info.aux["gmount"])] = job_info
+            late = self._cancelling
+        if late:
+            self.cancel_jobs([job_info])
 
     def _shell_line(self, executable: str, command: str, base: str) -> str:
         """The line /bin/sh runs for a direct job: `exec EXECUTABLE -c COMMAND` (a script file if too long)."""
@@ -244,6 +258,8 @@ class Executor(RemoteExecutor):
                 yield job_info
                 continue
             running.spawned.stop(grace=0)  # anything the job left running in the background
+            with self._jobs_lock:
+                self._live.pop(id(running), None)
             text = "" if status == 0 else _read_tail(self._on_disk(running.stderr))
             command_status = status if running.via == "shell" else _command_status(text)
             self._log(job_info.job, running, status, command_exit=None if status == 0 else command_status)
@@ -269,14 +285,20 @@ class Executor(RemoteExecutor):
         RemoteExecutor.shutdown(self)
 
     def cancel_jobs(self, active_jobs: list[SubmittedJobInfo]) -> None:
-        """Stop every running job (SIGTERM to its process group, SIGKILL after the grace time)."""
-        jobs: list[tuple[SubmittedJobInfo, _Running]] = [(j, j.aux["gmount"]) for j in active_jobs
-                                                          if j.aux and "gmount" in j.aux
-                                                          and not j.aux["gmount"].cancelled]
+        """Stop every running job (SIGTERM to its process group, SIGKILL after the grace time).
+
+        Every job this executor started and has not seen end, not only `active_jobs`: Snakemake's
+        list leaves out the jobs its status loop is polling at that moment."""
+        with self._jobs_lock:
+            self._cancelling = True
+            infos = {id(j.aux["gmount"]): j for j in active_jobs if j.aux and "gmount" in j.aux}
+            infos.update(self._live)
+            jobs: list[tuple[SubmittedJobInfo, _Running]] = [(j, j.aux["gmount"]) for j in infos.values()
+                                                              if not j.aux["gmount"].cancelled]
+            for _, running in jobs:
+                running.cancelled = True
         if not jobs:
             return
-        for _, running in jobs:
-            running.cancelled = True
         with ThreadPoolExecutor(max_workers=min(32, len(jobs))) as pool:
             statuses = list(pool.map(lambda item: item[1].spawned.stop(self.settings.stop_grace), jobs))
         for (job_info, running), status in zip(jobs, statuses, strict=True):
