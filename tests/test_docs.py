@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import ast
 import re
+import tomllib
 from pathlib import Path
 
 import gmountpy
 import gmountpy_pegasus
 from gmountpy import api, slurm
 from gmountpy.api import filesystem
+from gmountpy.cluster.config import parse_spec
 from gmountpy.jobs import spawn
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,3 +58,12 @@ def test_the_api_reference_names_every_public_name() -> None:
     assert "Spawned" in spawn.__all__
     missing = public - documented()
     assert not missing, f"public names missing from docs/reference/api.md: {sorted(missing)}"
+
+
+def test_the_readme_cluster_file_is_valid_and_makes_its_exports() -> None:
+    """The ten-line cluster file works as pasted: `gmount up` on it needs no mkdir first."""
+    block = re.search(r"```toml\n(.*?)```", README, re.S)
+    assert block, "README.md has no ```toml cluster file"
+    spec = parse_spec(tomllib.loads(block.group(1)), base_dir="/")
+    assert sorted(spec.nodes) == ["n1", "n2", "n3", "n4"] and len(spec.sites) == 2
+    assert all(node.create_export for node in spec.nodes.values())
