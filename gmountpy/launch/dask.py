@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._sync import blocking
@@ -77,6 +77,7 @@ class DaskProcess:
     address: str         # tls://host:port
     log: str             # its log file, on the machine it runs on
     ssh: str | None = None  # the SSH destination it was started through (None: this machine)
+    daemon_pid: int | None = None  # a worker: its node's gmount daemon then (another one now: a dead mount)
 
 
 @dataclass(frozen=True)
@@ -215,10 +216,20 @@ def up(state: ClusterState, *, threads: int | None = None, placement: bool = Tru
         raise GmountError('Dask is not installed here: pip install "gmountpy[dask]" (on every node too)')
     say = progress or (lambda node, what: None)
     name = state.name
+    state = state_store.load(name) or state  # as recorded now: a node restarted since `state` was read
     existing = load(name)
     if existing is not None:
         alive = running_workers(existing)
         if alive is not None:
+            stale = in_dead_mounts(state, existing, alive)
+            if stale:  # their node's daemon was restarted: their working directory is the old, dead mount
+                stopping = [existing.workers[n] for n in stale]
+                for node in stale:
+                    say(node, "restarting: its node's daemon was restarted")
+                _stop([p for p in stopping if p.ssh is None], 15.0)
+                if any(p.ssh for p in stopping):
+                    _run(_stop_ssh(state, [p for p in stopping if p.ssh], 15.0))
+                alive -= set(stale)
             missing = [n for n in state.spec.nodes if n not in alive]
             if not missing:
                 return existing
@@ -264,6 +275,17 @@ def running_workers(state: DaskState, timeout: float = 10.0) -> set[str] | None:
     except (OSError, TimeoutError, GmountError):
         return None
     return {str(w.get("name")) for w in info.get("workers", {}).values()}
+
+
+def in_dead_mounts(state: ClusterState, dask: DaskState, alive: set[str]) -> list[str]:
+    """Running workers whose node's daemon is not the one they started under (it was restarted):
+    they work in the old mount, which answers nothing, so they are started again."""
+    stale = []
+    for node in sorted(alive):
+        worker, record = dask.workers.get(node), state.nodes.get(node)
+        if worker is not None and record is not None and worker.daemon_pid not in (None, record.pid):
+            stale.append(node)
+    return stale
 
 
 def _node_config(state: ClusterState, role: str, node: str, cert: str, key: str) -> dict[str, Any]:
@@ -330,7 +352,9 @@ async def _start_workers(state: ClusterState, scheduler: str, nodes: list[str], 
         config.update(scheduler=scheduler, threads=threads or state.spec.nodes[node].slots)
         say(node, "starting")
         try:
-            started[node] = (await _start(state, node, config, timeout))[1]
+            process = (await _start(state, node, config, timeout))[1]
+            record = state.nodes.get(node)
+            started[node] = replace(process, daemon_pid=record.pid if record is not None else None)
             say(node, "ready")
         except GmountError as exc:
             failures[node] = str(exc)

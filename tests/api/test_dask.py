@@ -21,7 +21,9 @@ import pytest
 
 from gmountpy import Cluster, launch
 from gmountpy.api.dask import placements, set_placement
+from gmountpy.cluster import state as cluster_state
 from gmountpy.launch import dask as dask_launch
+from gmountpy.launch.orchestrate import pid_is_daemon
 
 from ..conftest import FOUR_NODE_LINKS, FOUR_NODES, LocalCluster, fuse_problem, local_cluster, require, wait_for
 
@@ -211,6 +213,34 @@ def test_a_dead_workers_tasks_are_retried_elsewhere_reading_remotely(
         assert renewed is not None and renewed.workers["n3"].pid != victim.pid
         assert renewed.workers["n1"].pid == record.workers["n1"].pid
         assert again.submit(read_here, urls[0], pure=False).result()[0] == "n3"
+    finally:
+        again.close()
+
+
+def test_a_restarted_nodes_worker_is_replaced_by_dask_up(on_dask: tuple[LocalCluster, Cluster, Any]) -> None:
+    """A node's daemon dies and `gmount up` restarts it: its worker still runs, in the dead mount it
+    started in; `Cluster.dask()` starts that worker again, so tasks on the node read its files."""
+    lc, cluster, client = on_dask
+    read_here = reader()
+    written = write_frames(lc, "restarted", ["n2"] * 2)
+    urls = [f"gmount://{cluster.name}{path}" for path in written]
+    record = dask_launch.load(cluster.name)
+    assert record is not None
+    daemon = cluster_state.load(cluster.name).nodes["n2"].pid
+    os.kill(daemon, signal.SIGKILL)
+    assert wait_for(lambda: not pid_is_daemon(daemon), timeout=10)
+    launch.up(lc.spec)  # restarts n2; its worker, untouched, kept the old mount as working directory
+    assert cluster_state.load(cluster.name).nodes["n2"].pid != daemon
+    assert dask_launch._start_time(record.workers["n2"].pid) == record.workers["n2"].start
+    again = cluster.dask()
+    try:
+        renewed = dask_launch.load(cluster.name)
+        assert renewed is not None
+        assert renewed.workers["n2"].pid != record.workers["n2"].pid
+        assert dask_launch._start_time(record.workers["n2"].pid) is None  # the stale worker was stopped
+        assert renewed.workers["n1"].pid == record.workers["n1"].pid   # the others kept running
+        results = [again.submit(read_here, url, workers=["n2"], pure=False).result(timeout=60) for url in urls]
+        assert results == [("n2", 200)] * 2
     finally:
         again.close()
 
