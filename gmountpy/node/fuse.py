@@ -11,6 +11,7 @@ import errno
 import functools
 import logging
 import os
+import posixpath
 import stat
 import time
 from collections.abc import Callable, Coroutine
@@ -94,6 +95,14 @@ def _check_open(attr: Attr, flags: int, ctx: pyfuse3.RequestContext) -> None:
         allowed = attr.mode
     if want & ~allowed & 0o7:
         raise PermissionError(errno.EACCES, "permission denied: the file was made on another node meanwhile")
+
+
+def _dot_entry(inode: int) -> pyfuse3.EntryAttributes:
+    """What a listing says of "." or "..": a directory and its inode (the kernel ignores the rest)."""
+    entry = pyfuse3.EntryAttributes()
+    entry.st_ino = inode
+    entry.st_mode = stat.S_IFDIR | 0o755
+    return entry
 
 
 def _invalidate_entry(parent_inode: int, name: str) -> None:
@@ -373,10 +382,17 @@ class GmountOperations(pyfuse3.Operations):
             # One snapshot per listing: re-listing on every call makes big directories O(n^2).
             entries = await self.ns.listdir(path)
             self._dirs[fh] = (path, entries)
-        for index in range(start_id, len(entries)):
+        # "." and ".." first, as local file systems list them (`ls -a`); the kernel looks neither up
+        # from a listing, so they carry only their inode and type, and count no lookup.
+        for index, name in ((0, "."), (1, "..")):
+            if index >= start_id:
+                inode = self.inodes.inode(path if name == "." else posixpath.dirname(path)) or ROOT_INODE
+                if not pyfuse3.readdir_reply(token, os.fsencode(name), _dot_entry(inode), index + 1):
+                    return
+        for index in range(max(start_id - 2, 0), len(entries)):
             name, location = entries[index]
             inode = self.inodes.peek(join(path, name), location.node, location.attr)
-            if not pyfuse3.readdir_reply(token, os.fsencode(name), self._entry(inode, location.attr), index + 1):
+            if not pyfuse3.readdir_reply(token, os.fsencode(name), self._entry(inode, location.attr), index + 3):
                 self._told.pop(inode, None)  # the kernel did not take these attributes
                 self.inodes.drop_if_unused(inode)
                 break

@@ -370,6 +370,27 @@ def test_a_directory_shows_its_new_nlink_and_mtime_after_creates_in_it(cluster4:
     assert os.stat(top).st_nlink == 3
 
 
+def test_ls_a_lists_dot_and_dotdot_with_their_inodes_also_in_a_long_listing(cluster4: LocalCluster) -> None:
+    """`ls -a` shows "." and ".." as on a local disk; a listing the kernel reads in many pieces
+    (2,000 names) still shows every name once."""
+    top = cluster4.mount("n3") / unique("dots")
+    (top / "sub").mkdir(parents=True)
+    for i in range(2000):
+        (top / "sub" / f"file-{i:04d}").touch()
+    for asking in ("n3", "n1"):
+        sub = cluster4.mount(asking) / top.name / "sub"
+        listed = subprocess.run(["ls", "-a1", str(sub)], capture_output=True, text=True, check=True).stdout.split()
+        assert listed[:2] == [".", ".."] and len(listed) == 2002 and len(set(listed)) == 2002, asking
+        assert sorted(listed[2:]) == [f"file-{i:04d}" for i in range(2000)]
+        inodes = {line.split()[1]: int(line.split()[0]) for line in subprocess.run(
+            ["ls", "-ai1", "-f", str(sub.parent)], capture_output=True, text=True, check=True).stdout.splitlines()}
+        assert inodes["."] == os.stat(sub.parent).st_ino and inodes["sub"] == os.stat(sub).st_ino
+        assert inodes[".."] == os.stat(sub.parent.parent).st_ino
+        long = subprocess.run(["ls", "-la", str(sub)], capture_output=True, text=True, check=True)
+        assert long.stderr == "" and [line.split()[-1] for line in long.stdout.splitlines()[1:3]] == [".", ".."]
+    assert sorted(os.listdir(cluster4.mount("n2") / top.name)) == ["sub"]  # Python never sees them
+
+
 # -- extended attributes -------------------------------------------------------------
 
 
