@@ -305,8 +305,13 @@ def test_a_path_near_path_max_of_255_byte_names_works_through_the_mount(
     assert expected.startswith("ok 5 regular file")
     assert outcome(as_user(NOBODY, script, cwd=cluster.mount("n1"))) == expected
     other = cluster.mount("n3" if holder == "n1" else "n2")
-    assert wait_for(lambda: outcome(as_user(NOBODY, f"cat {names[0]}/{names[1]}/{'g' * 255}", cwd=other))
-                    == "ok deep")
+    seen: list[str] = []
+
+    def read_there() -> bool:
+        seen.append(outcome(as_user(NOBODY, f"cat {names[0]}/{names[1]}/{'g' * 255}", cwd=other)))
+        return seen[-1] == "ok deep"
+
+    assert wait_for(read_there, timeout=15), seen  # each try starts two processes: seconds on a loaded machine
 
 
 def test_a_create_of_a_name_another_node_made_meanwhile_checks_the_callers_permission(open_base: Path) -> None:
