@@ -139,6 +139,8 @@ def stop_local(state: ClusterState, timeout: float = 15.0, *, unseal: bool = Tru
             pass
     for name, record in state.nodes.items():
         if _is_mounted(record.mountpoint):
+            if not pid_is_daemon(record.pid):
+                abort_connection(record.mountpoint)
             result = subprocess.run(["fusermount3", "-u", "-z", record.mountpoint], capture_output=True, text=True)
             if result.returncode != 0:
                 problems[name] = f"could not unmount {record.mountpoint}: {result.stderr.strip()}"
@@ -146,6 +148,56 @@ def stop_local(state: ClusterState, timeout: float = 15.0, *, unseal: bool = Tru
         if unseal and not _is_mounted(record.mountpoint):
             unseal_mountpoint(record.mountpoint)
     return problems
+
+
+#: Where the kernel's FUSE control file system is mounted (systemd mounts it at boot).
+FUSECTL = "/sys/fs/fuse/connections"
+
+
+def abort_connection(mountpoint: str) -> bool:
+    """Abort the FUSE connection of a dead daemon's mount; True if it was aborted.
+
+    A daemon killed while one of its threads waits in the kernel (an entry invalidation
+    waiting for a directory lock that a rename through the mount holds) never finishes
+    exiting, so /dev/fuse stays open and every process using the mount waits forever.
+    Aborting the connection (fusectl's `abort`, writable by the mount's owner) ends their
+    requests with ENOTCONN and lets the daemon exit. As root, fusectl is mounted for this
+    when it is not, and unmounted after.
+    """
+    device = _mount_device(mountpoint)
+    if device is None or not device.startswith("0:"):
+        return False
+    abort = os.path.join(FUSECTL, device.split(":")[1], "abort")
+    mounted_here = False
+    if not os.path.exists(abort) and os.geteuid() == 0 and not _is_mounted(FUSECTL):
+        mounted_here = subprocess.run(["mount", "-t", "fusectl", "fusectl", FUSECTL],
+                                      capture_output=True).returncode == 0
+    try:
+        with open(abort, "w") as f:
+            f.write("1")
+        return True
+    except OSError:
+        return False  # no fusectl (a user on a host without it): the lazy unmount below still detaches it
+    finally:
+        if mounted_here:
+            subprocess.run(["umount", FUSECTL], capture_output=True)
+
+
+def _mount_device(path: str) -> str | None:
+    """The "major:minor" of the file system mounted at `path` (/proc/self/mountinfo; no stat, which a
+    dead FUSE mount would block)."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            found = [line.split(" ")[2] for line in f if _unescape(line.split(" ")[4]) == path]
+    except OSError:
+        return None
+    return found[-1] if found else None
+
+
+def _unescape(field: str) -> str:
+    r"""A path as /proc/self/mount* print it: space, tab, newline and backslash as \040, \011, \012, \134."""
+    return (field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n")
+            .replace("\\134", "\\"))
 
 
 def _is_mounted(path: str) -> bool:

@@ -3,6 +3,8 @@ files into the bare directory under its mountpoint, and says exactly what runs w
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import errno
 import os
 import signal
@@ -16,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from gmountpy import launch
+from gmountpy.cluster import state as cluster_state
+from gmountpy.launch import local, remote
 from gmountpy.launch.orchestrate import LaunchError, pid_is_daemon
 
 from ..conftest import LocalCluster, fuse_problem, local_cluster, require, wait_for
@@ -131,3 +135,68 @@ def test_a_failed_restart_says_which_nodes_still_run(cluster: LocalCluster, tmp_
         (tmp_path / "n3-export-elsewhere").rename(export)
     healed = launch.up(cluster.spec)  # the retry the message offers
     assert all(s.up for s in launch.status(cluster.spec.name)) and set(healed.nodes) == {"n1", "n2", "n3"}
+
+
+@contextlib.contextmanager
+def fusectl() -> Iterator[None]:
+    """The FUSE control file system mounted (as systemd mounts it at boot), for the block."""
+    mounted = subprocess.run(["mountpoint", "-q", local.FUSECTL]).returncode == 0
+    if not mounted:
+        subprocess.run(["mount", "-t", "fusectl", "fusectl", local.FUSECTL], check=True)
+    try:
+        yield
+    finally:
+        if not mounted:
+            subprocess.run(["umount", local.FUSECTL], check=True)
+
+
+def _hold_fuse_fd(pid: int) -> int:
+    """A copy, in this process, of daemon `pid`'s /dev/fuse descriptor (pidfd_getfd; needs root)."""
+    fd_dir = f"/proc/{pid}/fd"
+    target = next(int(fd) for fd in os.listdir(fd_dir) if os.readlink(f"{fd_dir}/{fd}") == "/dev/fuse")
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = os.pidfd_open(pid)
+    try:
+        held = libc.syscall(438, pidfd, target, 0)  # SYS_pidfd_getfd on x86_64
+    finally:
+        os.close(pidfd)
+    if held < 0:
+        raise OSError(ctypes.get_errno(), "pidfd_getfd")
+    return int(held)
+
+
+@pytest.mark.parametrize("how", ["gmount up", "daemons.sh"])
+def test_up_after_a_crash_frees_the_processes_stuck_in_the_dead_mount(cluster: LocalCluster, how: str) -> None:
+    """A daemon killed while one of its threads waited in the kernel never finishes exiting: its
+    /dev/fuse stays open and every process in its mount waits forever (seen in the soak). Held open
+    here by a copy of the descriptor: `gmount up` (local nodes) and the shell functions SSH nodes
+    stop daemons with must abort that connection, not only detach it."""
+    require("root (pidfd_getfd of the daemon's /dev/fuse)", None if os.geteuid() == 0 else "needs root")
+    daemon = cluster.state.nodes["n2"].pid
+    held = _hold_fuse_fd(daemon)
+    stuck: subprocess.Popen[bytes] | None = None
+    try:
+        os.kill(daemon, signal.SIGKILL)
+        assert wait_for(lambda: not pid_is_daemon(daemon), timeout=10)
+        stuck = subprocess.Popen(["ls", str(cluster.mount("n2"))], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE)
+        with pytest.raises(subprocess.TimeoutExpired):
+            stuck.wait(1.0)  # nobody answers the connection, and nobody will
+        if how == "daemons.sh":
+            mountpoint = str(cluster.mount("n2"))
+            with fusectl():
+                subprocess.run(["sh", "-c", remote.text("daemons.sh") + f"\nunmount n2 {mountpoint} {mountpoint}\n"],
+                               check=True, timeout=30)
+        launch.up(cluster.spec)
+        assert stuck.wait(10) != 0  # its request ended (ENOTCONN) instead of waiting forever
+        restarted = cluster_state.load(cluster.spec.name)
+        assert restarted is not None and pid_is_daemon(restarted.nodes["n2"].pid)
+        (cluster.mount("n1") / "after.txt").write_text("back\n")
+        assert wait_for(lambda: (cluster.mount("n2") / "after.txt").exists(), timeout=10)
+    finally:
+        if stuck is not None and stuck.poll() is None:
+            stuck.kill()
+            stuck.wait()
+        if stuck is not None and stuck.stderr is not None:
+            stuck.stderr.close()
+        os.close(held)

@@ -36,9 +36,23 @@ settle() {
   sleep 0.2 2>/dev/null || sleep 1
 }
 
-# unmount NODE MOUNTPOINT ESCAPED: lazily unmount a mount point that is still mounted.
+# abort ESCAPED: abort the FUSE connection mounted there (fusectl, where it is mounted), so processes
+# waiting in a dead daemon's mount get ENOTCONN: a daemon killed while a thread of it waits in the
+# kernel never finishes exiting, and its /dev/fuse stays open.
+abort() {
+  dev=$(awk 'BEGIN { m = ARGV[1]; ARGV[1] = "" } $5 == m { d = $3 } END { print d }' "$1" /proc/self/mountinfo)
+  case "$dev" in
+    0:*) if [ -w "/sys/fs/fuse/connections/${dev#0:}/abort" ]; then
+           echo 1 > "/sys/fs/fuse/connections/${dev#0:}/abort" 2>/dev/null; fi ;;
+  esac
+  return 0
+}
+
+# unmount NODE MOUNTPOINT ESCAPED: lazily unmount a mount point that is still mounted (its daemon
+# is gone: its connection is aborted first).
 unmount() {
   if is_mounted "$3"; then
+    abort "$3"
     if out=$(fusermount3 -u -z "$2" 2>&1); then echo "GMOUNT UNMOUNTED $1"
     else echo "GMOUNT UNMOUNT-FAILED $1 $(echo "$out" | tr '\n' ' ')"; fi
   fi
