@@ -23,6 +23,9 @@ What is documented, and where:
 - a connection broken under a request: that request fails (EIO), the node is
   marked down for 2 s (docs/failures.md "When a node counts as down");
 - a full disk: ENOSPC for writes stored there (docs/failures.md "A disk fills up").
+  coreutils' bare "write error" (no errno: sha256sum lost it, on any full disk) in a
+  make or Snakemake job is that ENOSPC only when every job that failed ran on a node
+  whose disk was being filled during the run (the same page).
 """
 
 from __future__ import annotations
@@ -98,6 +101,7 @@ class Op:
     unless_fault: str = ""        # wrong unless a fault was around (a listing without a new name, a stale size)
     raced: str = ""               # the harness itself moved or removed the file meanwhile: not the cluster's doing
     path: str = ""                # the file it writes, when one
+    errno_lost_on: tuple[str, ...] = ()  # a workflow whose failed jobs (on these nodes) said only "write error"
 
     @property
     def ok(self) -> bool:
@@ -124,6 +128,23 @@ def errnos_in(text: str) -> tuple[int, ...]:
             if code not in found:
                 found.append(code)
     return tuple(found)
+
+
+#: coreutils when it cannot name the error: close_stdout() finds stdout's error flag set by an earlier
+#: flush and fclose() succeeding, so errno is 0 ("sha256sum: write error", or "prog: FILE: write error").
+#: coreutils 9.1's sha256sum prints exactly this on a full local disk too.
+_BARE_WRITE_ERROR = re.compile(r"^[\w.+-]+: (?:[^\n]*: )?write error$", re.MULTILINE)
+#: gmount's words for a workflow's job that failed, with its node: the Snakemake executor's
+#: "gmount: job sums (5) failed on node n4: ..." and make's gmount-sh "gmount: target T failed on node n4: ...".
+_FAILED_ON = re.compile(r"gmount: (?:job|target) [^\n]*? failed on node ([\w.-]+):")
+
+
+def errno_lost_on(text: str) -> tuple[str, ...]:
+    """For a make or Snakemake run's whole output: the nodes of the jobs that failed (each once) when
+    a tool there said a bare "write error" and nothing in the output names an errno; () otherwise."""
+    if errnos_in(text) or not _BARE_WRITE_ERROR.search(text):
+        return ()
+    return tuple(dict.fromkeys(_FAILED_ON.findall(text)))
 
 
 def errnos_of_exception(exc: BaseException) -> tuple[int, ...]:
@@ -153,6 +174,11 @@ def judge(op: Op, faults: Sequence[Fault], grace: float, now: float) -> Verdict:
         return Verdict(True, f"{op.unless_fault}: under {around[0].kind} of {','.join(around[0].nodes)} "
                              "(README 'Consistency': rules hold for reachable nodes)", (around[0].kind,))
     if not op.errnos:
+        full = _filling_every(op, faults)
+        if full is not None:
+            return Verdict(True, f"ENOSPC (a bare 'write error': the tool lost the errno) in jobs on "
+                                 f"{','.join(op.errno_lost_on)}: disk_full of {','.join(full.nodes)} "
+                                 f"({WHERE['disk_full']})", ("disk_full",))
         return Verdict(False, f"an error without an errno: {op.error[:300]}")
     reasons = []
     kinds = []
@@ -170,6 +196,20 @@ def judge(op: Op, faults: Sequence[Fault], grace: float, now: float) -> Verdict:
 def _overlaps(op: Op, fault: Fault, grace: float, now: float) -> bool:
     start, end = fault.window(grace, now)
     return not (op.end < start or op.start > end)
+
+
+def _filling_every(op: Op, faults: Iterable[Fault]) -> Fault | None:
+    """The disk_full fault under which a workflow's bare "write error" is ENOSPC: every job that failed
+    ran on a node being filled while the run went on (no grace: the filler's removal frees the disk)."""
+    if op.kind not in WORKFLOWS or not op.errno_lost_on:
+        return None
+    covering = None
+    for node in op.errno_lost_on:
+        covering = next((f for f in faults if f.kind == "disk_full" and node in f.nodes
+                         and _overlaps(op, f, 0.0, op.end)), None)
+        if covering is None:
+            return None
+    return covering
 
 
 def _covering(op: Op, code: int, faults: Iterable[Fault], grace: float, now: float) -> Fault | None:

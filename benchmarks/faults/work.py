@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cluster import BIN, FULL_NODE, NODES, SoakCluster
-from .judge import Op, errnos_in, errnos_of_exception
+from .judge import Op, errno_lost_on, errnos_in, errnos_of_exception
 
 SOAK = "soak"  # the top directory of everything the soak writes, in the namespace
 SIZES = [0, 1, 100, 4096, 65_543, 131_072, 440_000, 1 << 20, 3_000_000]
@@ -449,6 +449,7 @@ class WorkflowRunner(Worker):
             text_out = out.decode(errors="replace") + err
             op.error = f"{engine} exited {code}: ...{(err or text_out)[-1500:]}"
             op.errnos = errnos_in(text_out)
+            op.errno_lost_on = errno_lost_on(text_out)
         self.ledger.record(op)
         if not op.ok:
             return

@@ -8,7 +8,7 @@ from __future__ import annotations
 import errno
 import random
 
-from benchmarks.faults.judge import Fault, Op, errnos_in, judge
+from benchmarks.faults.judge import Fault, Op, errno_lost_on, errnos_in, judge
 from benchmarks.faults.run import KINDS, SoakConfig, plan
 
 GRACE = 10.0
@@ -61,6 +61,59 @@ def test_errors_without_a_fault_or_of_the_wrong_kind_are_failures() -> None:
     conn = Fault("conn_kill", ("n4",), 100.0, 101.0)
     assert not judge(failed("append", "n3", 100.5, "OSError: [Errno 9] Bad file descriptor"), [conn], GRACE,
                      200).documented
+
+
+#: What the 15-minute soak's Snakemake run printed when its job on n4 wrote while n4's disk was filled.
+SNAKEMAKE_BARE = """Error in rule sums:
+    message: gmount: job sums (5) failed on node {node}: its command exited with status 1. Its stderr there:
+sha256sum: write error
+(whole log: /m/soak/snakemake/r010/.gmount/snakemake-logs/x/sums-5-attempt1.err)
+For further information see the job's log file.
+Shutting down, this might take some time.
+Exiting because a job execution failed. Look above for error message
+"""
+#: make with gmount.mk: the recipe's stderr, gmount-sh's line, make's.
+MAKE_BARE = """sha256sum: write error
+gmount: target sum4.txt failed on node {node}: its recipe exited with status 1
+make: *** [Makefile:4: sum4.txt] Error 1
+"""
+
+
+def workflow(kind: str, at: float, text: str) -> Op:
+    """A make or Snakemake run that failed, as the soak's WorkflowRunner records it (on n2, 3 s long)."""
+    return Op(kind, "n2", at, at + 3.0, writes_on=("n1", "n2", "n3", "n4"), error=f"{kind} exited 1: ...{text}",
+              errnos=errnos_in(text), errno_lost_on=errno_lost_on(text))
+
+
+def test_a_bare_write_error_is_enospc_only_in_jobs_on_the_node_being_filled_then() -> None:
+    """coreutils' sha256sum says "write error" without errno when its flush met ENOSPC (on any full disk):
+    documented only when every failed job ran on the node whose disk was filled during the run."""
+    full = Fault("disk_full", ("n4",), 100.0, 110.0)
+    kill = Fault("kill", ("n4",), 100.0, 110.0)
+    for kind, text in (("snakemake", SNAKEMAKE_BARE), ("make", MAKE_BARE)):
+        on_n4 = workflow(kind, 104.0, text.format(node="n4"))
+        assert on_n4.errnos == () and on_n4.errno_lost_on == ("n4",)
+        verdict = judge(on_n4, [full], GRACE, 200)
+        assert verdict.documented and verdict.kinds == ("disk_full",), verdict
+        assert judge(workflow(kind, 98.0, text.format(node="n4")), [full], GRACE, 200).documented  # ran into it
+        # the same words from a job elsewhere, or on n4 at another time (grace included), or under another fault
+        assert not judge(workflow(kind, 104.0, text.format(node="n3")), [full], GRACE, 200).documented
+        assert not judge(workflow(kind, 111.0, text.format(node="n4")), [full], GRACE, 200).documented
+        assert not judge(workflow(kind, 50.0, text.format(node="n4")), [full], GRACE, 200).documented
+        assert not judge(workflow(kind, 104.0, text.format(node="n4")), [kill], GRACE, 200).documented
+        # two jobs failed, one of them not on the full node: that one's error is unexplained
+        both = text.format(node="n4") + text.format(node="n1")
+        assert workflow(kind, 104.0, both).errno_lost_on == ("n4", "n1")
+        assert not judge(workflow(kind, 104.0, both), [full], GRACE, 200).documented
+    # not a workflow: no job and node to tell it by
+    bare = Op("cat>", "n4", 104.0, 104.1, writes_on=("n4",), error="sh: cat: write error",
+              errno_lost_on=("n4",))
+    assert not judge(bare, [full], GRACE, 200).documented
+    # a write error with its errno is judged by that errno; other words without one stay failures
+    assert errno_lost_on("sha256sum: write error: No space left on device\n"
+                         "gmount: target s failed on node n4: its recipe exited with status 1") == ()
+    assert errno_lost_on("WorkflowError: ?\ngmount: job s (1) failed on node n4: its command exited") == ()
+    assert errno_lost_on("sha256sum: write error\n") == ()  # no job named: nothing to tell where
 
 
 def test_wrong_bytes_are_failures_under_any_fault_and_stale_listings_only_without_one() -> None:
