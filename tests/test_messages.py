@@ -369,6 +369,9 @@ async def _every_index_op(n1: _Conversation, n2: _Conversation) -> None:
     assert await n1.ask(msg.IndexRecords("/elsewhere", {"new": "n1"}, "n2")) == {}  # and seeded here
     assert await n1.ask(msg.IndexRecords("/elsewhere")) == {"new": "n1"}
     assert await n1.ask(msg.IndexSeed("/data/new", "n1")) is None
+    kept = [msg.SyncEntry("out.txt", Attr(*ATTR))]
+    assert await n1.ask(msg.IndexOwned("/owned", "n2", kept, True)) is None  # kept as its backup
+    assert await n1.ask(msg.IndexOwned("/owned", "n2", [msg.SyncEntry("out.txt", None)])) is None
     assert await n1.ask(msg.IndexAdopt("/data/sub", "n1")) is None
     assert await n1.ask(msg.IndexUnlist("/data")) is None
     assert await n1.ask(msg.IndexUnhome(["/data/gone"])) is None

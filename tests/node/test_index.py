@@ -1955,6 +1955,64 @@ class IndexNetwork(RuleBasedStateMachine):
         self.faulty = True
         self._model_from_disk()  # what the create did is what the disks say
 
+    @rule(owner=st.sampled_from(NODES), other=st.sampled_from(NODES), directory=st.sampled_from(("/d", "/e")),
+          data=st.binary(max_size=20), looked=st.booleans(), again=st.booleans())
+    def owner_dies_after_a_batch(self, owner: str, other: str, directory: str, data: bytes, looked: bool,
+                                 again: bool) -> None:
+        """A job's output in a directory its node owns reaches the directory's backup with the next
+        batch (the export's scan, then the daemon's flush every second) -- also after another node
+        looked there (`looked`: the ownership ended, the names stay copied). The node then dies: from
+        another node the output is there but out of reach (the node that is down, or EIO; never
+        "not found"), and a create of it fails instead of making a second file; a new name is made
+        (`again`). After the node comes back every node sees each output once (the invariant)."""
+        if not self.OWNERS or self.SPLIT_ENTRIES or other == owner or not self._parent_ok(directory):
+            return  # (split: the parent's partitions on the dead node have no stand-in, docs/directory-index.md)
+        if directory in self.files or directory in self.dirs:
+            return
+        self.mkdir(node=owner, path=directory, fault=None)
+        if not self.indexes[owner].owns(directory):
+            return  # not owned (a lease of another node in it still ran): nothing is copied
+        path, new = f"{directory}/a", f"{directory}/b"
+        self.job_create(node=owner, path=path, data=data, pauses=0)
+        if looked:
+            self.look(node=other, path=new)
+
+        async def batch() -> None:
+            await self.watchers[owner].scan()
+            await self.locators[owner].flush_owed()  # (as the daemon, every second)
+
+        assert self._run(None, batch) is None
+        outcome: dict[str, BaseException | None] = {}
+
+        async def outage() -> None:
+            ns = self.namespaces[other]
+            try:
+                location = await ns.lookup(path)
+                assert location.node == owner and location.attr.is_file, (other, path, location)
+            except PeerUnavailable as exc:
+                assert exc.node == owner, (other, path, exc)
+            try:
+                handle = await ns.create(path, os.O_WRONLY | os.O_EXCL, 0o644)
+                await ns.release(handle)
+                outcome["create"] = None
+            except OSError as exc:
+                outcome["create"] = exc
+            if again:
+                handle = await ns.create(new, os.O_WRONLY | os.O_EXCL, 0o644)
+                await ns.release(handle)
+
+        self.net.cut, self.net.lose_replies = owner, False
+        try:
+            trio.run(outage, clock=self.clock)
+        finally:
+            self.net.cut = None
+        error = outcome["create"]
+        assert isinstance(error, FileExistsError) or (isinstance(error, PeerUnavailable) and error.node == owner), \
+            f"{other} created {path}, held by {owner} that is down: {error!r}"
+        self.restart(owner)
+        self.faulty = True
+        self._model_from_disk()
+
     # -- the check ------------------------------------------------------------------
 
     async def _check_one(self, node: str, path: str) -> None:
@@ -2179,7 +2237,8 @@ def sent_by(after: dict[str, dict[str, int]], before: dict[str, dict[str, int]])
     for node, row in after.items():
         ops = {key.split(".", 1)[1]: value - before[node].get(key, 0) for key, value in row.items()
                if key.startswith("messages.") and value != before[node].get(key, 0)
-               and key != "messages.index_sync"}  # background: a scan of the export, not part of any operation
+               and key not in ("messages.index_sync", "messages.index_owned")}  # background: a scan of the
+        # export, a batch of an owned directory's names to its backup -- not part of any operation
         if ops:
             result[node] = ops
     return result

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gmountpy.node.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, Namespace
+from gmountpy.node.namespace import Namespace
+from gmountpy.node.renames import RENAME_EXCHANGE, RENAME_NOREPLACE
 from gmountpy.node.service import MAX_IO
 from gmountpy.protocol import messages as msg
 

@@ -21,9 +21,10 @@ being built are replayed over the listings; claims not yet visible on disk survi
 rebuild.
 
 A home that does not answer is replaced by its backup (`index_backup`): the backup lists
-the directory from the exports (the dead home's own files are out of everyone's reach),
-answers without leases, and tells every node of each new name (it cannot know whom the
-dead home had told "not found"). The asking side is `locator.IndexLocator`.
+the directory from the exports (the dead home's own files are out of everyone's reach, but
+the names of a directory it owned were copied here in batches: `owners`), answers without
+leases, and tells every node of each new name (it cannot know whom the dead home had told
+"not found"). The asking side is `locator.IndexLocator`.
 """
 
 from __future__ import annotations
@@ -88,6 +89,8 @@ class IndexStatistics:
     owned: int = 0              # directories this node owns now (its jobs create there telling nobody)
     ownerships: int = 0         # times this node began owning a directory
     releases: int = 0           # ownerships ended by another node's request (the export listed into the index)
+    names_copied: int = 0       # names of owned directories sent to their backups in batches
+    names_kept: int = 0         # names kept here as the backup of directories other nodes own(ed)
 
 
 class DirectoryIndex(OwnedDirectories):
@@ -102,7 +105,7 @@ class DirectoryIndex(OwnedDirectories):
         ops = msg.operations(
             self.op_lookup, self.op_claim, self.op_set, self.op_drop, self.op_replace, self.op_rename,
             self.op_forget, self.op_sync, self.op_list, self.op_backup, self.op_records, self.op_seed,
-            self.op_adopt, self.op_part, self.op_split, self.op_parts)
+            self.op_adopt, self.op_part, self.op_split, self.op_parts, self.op_owned)
         for kind in GATED_OPS:
             ops[kind] = self._gated(ops[kind])
         self._operations = ops
@@ -117,7 +120,8 @@ class DirectoryIndex(OwnedDirectories):
         return IndexStatistics(len(self._dirs), self._builds, self._lookups, self._leased, self._revocations,
                                self._listings, self._taken_over, self._splits, partitions, entries,
                                self._redirects, self._leases_held(), self._evictions, len(self._owned),
-                               self._ownerships, self._releases)
+                               self._ownerships, self._releases, self._copied,
+                               sum(len(names) for _, names in self._owned_copies.values()))
 
     # -- building ------------------------------------------------------------
 
@@ -180,6 +184,8 @@ class DirectoryIndex(OwnedDirectories):
             for node, listing in listings.items():
                 for entry in listing:
                     entries.setdefault(entry.name, {})[node] = Holder(entry.attr.is_dir, entry.attr, entry.replica_of)
+            if self._backing.get(directory) in missing:
+                self._held_by_dead_home(directory, entries)  # what it owned, as it copied it here
             old = self._dirs.get(directory)
             if old is not None:  # claims whose files are not on disk yet survive the rebuild
                 for name, holders in old.entries.items():
@@ -535,6 +541,8 @@ class DirectoryIndex(OwnedDirectories):
                                 request.covered)
             changes = [entry for entry in changes if self._mine(directory, entry.name)]
         if self._dirs.get(directory) is None and directory not in self._building:
+            if node == self._peers.me and directory in self._names_copied:
+                self._names_later[directory] = None  # (let go while idle: the next batch lists the export)
             return  # not built: the next build lists it anyway
         seen: dict[str, Holder] = {}
         gone: list[str] = []

@@ -27,6 +27,19 @@ daemon's token; N ends an ownership by taking the mark off and then an exclusive
 `flock`, which waits for the creates under way. A directory renamed (or a daemon
 restarted: a new token) no longer shows a valid mark. See docs/directory-index.md.
 
+Nobody else holds the names an owned directory's jobs make there, so a dead owner would take
+them out of everyone's sight, and a node creating one of them meanwhile would make a second
+file of that name (Giga+, TableFS and COFS keep such a home's records at its backup). So N
+copies the names it holds there to the directory's backup in batches (`flush_names`, every
+second, off the create path: the export's scan brings the jobs' creates into the index, and
+what changed since the last batch is sent), from the first ownership until the directory goes
+or a node restarts -- and the directory's own name, to its parent's backup, when N is the
+parent's home too (a top-level directory whose parent, the root, is homed at N). A backup
+standing in for a dead N answers with those names as N's (`_held_by_dead_home`): stat shows
+them, an open or a create of one fails with EIO (N holds it, and is down) or EEXIST instead
+of making a twin. A name made in the last batch window (about two
+seconds: a scan, then a batch) is not there yet: that is the loss window of docs/failures.md.
+
 `marks.Owners` is the export's side (marks and locks); `OwnedDirectories` the home's.
 """
 
@@ -44,8 +57,9 @@ from ...protocol import messages as msg
 from ...protocol.messages.index import SyncEntry
 from ..leases import WHOLE
 from ..service import REQUEST_FROM
-from .paths import under_any
-from .peers import list_whole
+from .entries import Entries, Holder
+from .paths import split_parent, under_any
+from .peers import PAGE, list_whole
 from .records import SubdirectoryHomes
 
 log = logging.getLogger(__name__)
@@ -88,7 +102,19 @@ class OwnedDirectories(SubdirectoryHomes):
             return False
         self._owned.add(directory)
         self._ownerships += 1
+        if directory not in self._names_copied:  # its backup gets its names from the next batch on
+            self._copy_names(directory, self._dirs[directory].entries)  # (built and whole: `_may_own`)
+        parent, name = split_parent(directory)
+        if parent in self._dirs and parent not in self._backing and parent not in self._parts:
+            self._copy_names(parent, [name])  # homed here too: the directory itself is a name of this node's
         return True
+
+    def _copy_names(self, directory: str, names: Iterable[str]) -> None:
+        """Copy `names` of `directory` to its backup with the next batch, and its changes from then on."""
+        self._names_copied.add(directory)
+        later = self._names_later.setdefault(directory, set())
+        if later is not None:
+            later.update(names)
 
     async def _maybe_own_again(self, directory: str) -> None:
         """After a change this node made in `directory` through its mount: own it again if it may
@@ -210,6 +236,8 @@ class OwnedDirectories(SubdirectoryHomes):
         """Directories under `prefixes` were renamed or removed (index_unhome): no longer owned, and
         the mark of a renamed one goes (it names the old path; a rename back must not revive it)."""
         under = under_any(prefixes)
+        for directory in [d for d in self._names_copied if under(d)]:
+            self._names_later[directory] = None  # gone from the export: the backup's copy goes
         for directory in [d for d in self._owned if under(d)]:
             self._owned.discard(directory)
             if self.owners is None:
@@ -219,3 +247,101 @@ class OwnedDirectories(SubdirectoryHomes):
                     for other in prefixes:
                         if other != prefix:
                             self.owners.unmark_moved(directory, other + directory[len(prefix):])
+
+    # -- the names copied to the backup (see the module) ------------------------------
+
+    async def flush_names(self) -> None:
+        """Send each backup the names changed since the last batch in the directories this node
+        copies (the daemon calls this every second); a backup that does not answer gets them with
+        the next batch. A directory gone from the export, split, or no longer homed here has its
+        copy emptied and is no longer copied."""
+        batches, self._names_later = self._names_later, {}
+        for directory, names in batches.items():
+            if directory in self._names_copied:
+                await self._send_names(directory, names)
+
+    async def _send_names(self, directory: str, names: set[str] | None) -> None:
+        me = self._peers.me
+        backup = self._backup_node(directory)
+        if backup is None:
+            self._names_copied.discard(directory)
+            return
+        if self._peers.is_down(backup):  # (a flush must not wait for it once per directory)
+            self._requeue(directory, names)
+            return
+        built = self._dirs.get(directory)
+        stop = directory in self._parts
+        whole = names is None or built is None or stop
+        changes: list[SyncEntry] = []
+        if stop:
+            pass  # an empty copy: the partitions' servers have the names now
+        elif whole:
+            try:
+                listing = await list_whole(self._peers, me, directory) or []
+            except OSError as exc:
+                if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                    log.info("cannot list %s to copy its names to the backup %s: %s", directory, backup, exc)
+                    self._names_later[directory] = None
+                    return
+                listing, stop = [], True  # gone from this export
+            changes = [SyncEntry(*entry) for entry in listing if entry.replica_of is None]
+        else:
+            assert names is not None and built is not None
+            waiting: set[str] = set()
+            for name in sorted(names):
+                holder = built.entries.get(name, {}).get(me)
+                if holder is None or holder.replica_of is not None:
+                    changes.append(SyncEntry(name, None))
+                elif holder.attr is None:
+                    waiting.add(name)  # claimed, its attributes not known yet (the scan brings them)
+                else:
+                    changes.append(SyncEntry(name, holder.attr))
+            if waiting:
+                later = self._names_later.setdefault(directory, set())
+                if later is not None:
+                    later.update(waiting)
+            if not changes:
+                return
+        try:
+            for start in range(0, max(len(changes), 1), PAGE):
+                await self._peers.ask(backup, msg.IndexOwned(directory, me, changes[start:start + PAGE],
+                                                             whole and start == 0), timeout=self.ask_timeout)
+        except OSError as exc:
+            log.info("could not copy the names of %s to its backup %s: %s", directory, backup, exc)
+            self._requeue(directory, None if whole else names)
+            return
+        self._copied += len(changes)
+        if stop:
+            self._names_copied.discard(directory)
+
+    def _requeue(self, directory: str, names: set[str] | None) -> None:
+        """`names` (None: all) go with the next batch, with the names changed since."""
+        later = self._names_later.get(directory, set())
+        self._names_later[directory] = None if names is None or later is None else later | names
+
+    async def op_owned(self, request: msg.IndexOwned) -> None:
+        """A batch of the names `home` holds in `directory`, a directory it owns(ed), kept here
+        as its backup for the day this node stands in for it (`_held_by_dead_home`)."""
+        directory, home = request.directory, request.home
+        kept = self._owned_copies.get(directory)
+        names = {} if request.whole or kept is None or kept[0] != home else kept[1]
+        for entry in request.changes:
+            if entry.attr is None:
+                names.pop(entry.name, None)
+            else:
+                names[entry.name] = Holder(entry.attr.is_dir, entry.attr)
+        if names:
+            self._owned_copies[directory] = (home, names)
+        else:
+            self._owned_copies.pop(directory, None)
+
+    def _held_by_dead_home(self, directory: str, entries: Entries) -> None:
+        """Standing in for `directory`'s home, which could not be listed: the names it copied here
+        are its, as last copied (an open of one fails: the home is down; a create finds it)."""
+        home = self._backing.get(directory)
+        kept = self._owned_copies.get(directory)
+        if home is None or kept is None or kept[0] != home:
+            return
+        for name, holder in kept[1].items():
+            entries.setdefault(name, {}).setdefault(home, holder)
+

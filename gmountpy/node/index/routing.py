@@ -308,10 +308,11 @@ class HomeRouting:
 
     async def flush_owed(self) -> None:
         """Tell the homes that missed changes to list those directories again, and send the backups
-        the records batched for them (the daemon calls this every second; a home that is still
-        unreachable stays owed)."""
+        the records and the names of owned directories batched for them (the daemon calls this
+        every second; a home that is still unreachable stays owed)."""
         if self.index is not None:
             await self.index.flush_records()
+            await self.index.flush_names()
         for home in list(self._owed):
             directories = self._owed.get(home)
             if not directories or self._peers.is_down(home):

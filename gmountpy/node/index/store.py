@@ -34,7 +34,7 @@ from ...protocol import messages as msg
 from ...protocol.messages import DirEntry, Request
 from ..leases import Leases
 from ..locator import ANNOUNCE_TIMEOUT
-from .entries import BuiltDirectory, Change, Parts, Removals, apply_change
+from .entries import BuiltDirectory, Change, Holder, Parts, Removals, apply_change
 from .homes import Homes, home_lease_for
 from .marks import Owners
 from .paths import join, under_any
@@ -138,6 +138,12 @@ class IndexStore:
         self._own_checked: dict[str, float] = {}    # directory -> when owning it again was last considered
         self._ownerships = self._releases = 0
         self._records_later: dict[str, dict[str, str | None]] = {}  # record copies for the next batch
+        # the names of directories this node owned, copied to their backups in batches (owners)
+        self._names_copied: set[str] = set()                # directories whose names are copied
+        self._names_later: dict[str, set[str] | None] = {}  # names changed since the last batch (None: all)
+        self._copied = 0                                    # names sent to backups so far
+        # as a backup: directory -> (the home that owned it, the names it holds there, as last copied)
+        self._owned_copies: dict[str, tuple[str, dict[str, Holder]]] = {}
 
     def _tidy(self) -> None:
         """Forget the leases that ended; every `keep_idle` / 4 seconds, let go of the directory
@@ -184,6 +190,10 @@ class IndexStore:
         self._dirs.clear()
         self._parts.clear()
         self._split_check.clear()
+        # the owners' copies kept here may predate the restart; each owner sends its names again
+        self._owned_copies.clear()
+        for directory in self._names_copied:
+            self._names_later[directory] = None
 
     async def _list(self, node: str, directory: str) -> list[DirEntry] | None:
         try:
@@ -202,6 +212,10 @@ class IndexStore:
         current = self._dirs.get(directory)
         if current is not None:
             apply_change(current.entries, change)
+        if directory in self._names_copied:
+            later = self._names_later.setdefault(directory, set())
+            if later is not None:
+                later.add(change[0])
         building = self._building.get(directory)
         if building is not None:
             building.append(change)
@@ -257,6 +271,8 @@ class IndexStore:
 
     def forget(self, prefixes: list[str]) -> None:
         under = under_any([str(prefix) for prefix in prefixes])
+        for directory in [d for d in self._names_copied if under(d)]:
+            self._names_later[directory] = None  # the next batch sends what the export holds
         for directory in [d for d in self._dirs if under(d)]:
             del self._dirs[directory]
         for directory in self._building:

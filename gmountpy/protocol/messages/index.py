@@ -295,6 +295,19 @@ class IndexRecords(Request[dict[str, str]]):
 
 
 @dataclass(frozen=True)
+class IndexOwned(Request[None]):
+    """The names `home` holds in `directory`, a directory it owns, copied to the asked node, its
+    backup, in batches (a stand-in for `home` answers them as `home`'s): `changes` applied to the
+    copy kept there (no attributes: gone), or, `whole`, the copy replaced by them (empty: none)."""
+
+    op = "index_owned"
+    directory: Pathname
+    home: NodeName
+    changes: list[SyncEntry]
+    whole: bool = False
+
+
+@dataclass(frozen=True)
 class IndexSeed(Request[None]):
     """`directory` was just made on `node` by a mkdir through the mount: its index starts empty."""
 
