@@ -14,10 +14,12 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 from gmountpy import Cluster
-from gmountpy.jobs.prestage import Dag, Planner, follow, make_dag, parse_make_database
+from gmountpy.jobs.prestage import Dag, Planner, Prestager, follow, make_dag, parse_make_database
 
 from .conftest import fuse_problem, local_cluster, require
 
@@ -287,3 +289,103 @@ def test_outputs_still_to_be_made_are_guessed_at_what_their_job_reads_shared_by_
     planner = Planner(dag, ["n1", "n2"])
     assert planner.update(holdings, done=[]) == []
     assert planner.plan == {"genome.bwt": "n1", "a.bam": "n2"}
+
+
+class FakeCluster:
+    """What a Prestager asks of a cluster, in memory: who holds what, and the copies it was asked for."""
+
+    def __init__(self, holdings: dict[str, dict[str, int]]) -> None:
+        self.holdings = holdings  # namespace path -> node -> bytes
+        self.copies: list[tuple[str, str, float]] = []  # (path, node, when)
+
+    @property
+    def nodes(self) -> list[SimpleNamespace]:
+        return [SimpleNamespace(name="n1"), SimpleNamespace(name="n2")]
+
+    def where(self, paths: list[str], from_node: str | None = None) -> list[SimpleNamespace]:
+        return [SimpleNamespace(holders=[SimpleNamespace(node=n, size=s) for n, s in self.holdings.get(p, {}).items()])
+                for p in paths]
+
+    def stage(self, path: str, to: str, *, concurrency: int = 4, progress: bool | None = None) -> SimpleNamespace:
+        self.copies.append((path, to, time.monotonic()))
+        size = max(self.holdings[path].values())
+        self.holdings[path][to] = size
+        return SimpleNamespace(files=[SimpleNamespace(status="copied", size=size)])
+
+
+def finish(log: Path, target: str, node: str) -> None:
+    with open(log, "a") as f:
+        f.write(json.dumps({"target": target, "node": node, "status": 0}) + "\n")
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_make_database_is_read_again_when_an_included_makefile_is_made_not_after_every_job(tmp_path: Path) -> None:
+    """Montage's DAG is incomplete until diffs.mk is made (make cannot tell the rest without it): the
+    prestager reads it once at the start and once when diffs.mk is made -- not after each of the ten
+    projections made before it (each read walks the DAG through the mount on the head node's CPU)."""
+    projections = [f"proj/{i}.fits" for i in range(10)]
+    partial = Dag({**{p: (f"raw/{i}.fits",) for i, p in enumerate(projections)}, "diffs.tbl": tuple(projections)},
+                  {}, (*projections, "diffs.tbl"))
+    whole = Dag({**partial.deps, "diffs.mk": ("diffs.tbl",), "fit.txt": ("proj/0.fits", "proj/9.fits")}, {},
+                (*partial.order, "diffs.mk", "fit.txt"))
+    log = tmp_path / "make.jsonl"
+    asked: list[bool] = []
+
+    def dag_source() -> tuple[Dag, bool]:
+        complete = any('"diffs.mk"' in line for line in (log.read_text().splitlines() if log.exists() else []))
+        asked.append(complete)
+        return (whole, True) if complete else (partial, False)
+
+    cluster = FakeCluster({f"/w/raw/{i}.fits": {"n1" if i < 5 else "n2": MIB} for i in range(10)})
+    prestager = Prestager(cluster, str(tmp_path), "/w", str(log), dag_source, poll=0.01)
+    prestager.start()
+    try:
+        wait_for(lambda: len(asked) == 1)
+        for i, path in enumerate(projections):
+            node = "n1" if i < 5 else "n2"
+            cluster.holdings[f"/w/{path}"] = {node: 4 * MIB}
+            finish(log, path, node)
+            time.sleep(0.05)
+        cluster.holdings["/w/diffs.tbl"] = {"n2": 1000}
+        finish(log, "diffs.tbl", "n2")
+        time.sleep(0.05)
+        assert len(asked) == 1, f"make's database was read {len(asked)} times before diffs.mk was made"
+        cluster.holdings["/w/diffs.mk"] = {"n2": 100}
+        finish(log, "diffs.mk", "n2")
+        wait_for(lambda: bool(cluster.copies))
+    finally:
+        stats = prestager.stop()
+    assert asked == [False, True] and stats.dag_reads == 2, stats
+    assert [(p, n) for p, n, _ in cluster.copies] == [("/w/proj/0.fits", "n2")] or \
+        [(p, n) for p, n, _ in cluster.copies] == [("/w/proj/9.fits", "n1")], cluster.copies
+
+
+def test_a_copy_waits_while_the_jobs_running_now_read_across_the_network() -> None:
+    """A job running now reads a big input from the other node: a copy for a later job waits until it
+    finished (or `yield_for` passed), so that the two do not share the link."""
+    dag = Dag({"now": ("a.in", "b.in"), "mid": ("x.in",), "later": ("c.in", "mid")}, {}, ("now", "mid", "later"))
+    holdings = {"/w/a.in": {"n1": 8 * MIB}, "/w/b.in": {"n2": 6 * MIB}, "/w/c.in": {"n1": 8 * MIB},
+                "/w/x.in": {"n2": 8 * MIB}}
+    cluster = FakeCluster(holdings)
+    prestager = Prestager(cluster, "/nowhere", "/w", None, lambda: (dag, True), poll=0.02, yield_for=30.0,
+                          running=1)
+    prestager.start()
+    try:
+        time.sleep(0.3)
+        assert prestager._planner is not None and prestager._planner.starting == ["now"]
+        assert prestager._planner.remote_reads({k[3:]: v for k, v in holdings.items()}) == [("now", "b.in")]
+        assert cluster.copies == [], "a copy was made while the running job read b.in across the network"
+        finished_at = time.monotonic()
+        holdings["/w/now"] = {"n1": MIB}
+        prestager.notify([("now", "n1")])
+        wait_for(lambda: bool(cluster.copies))
+    finally:
+        stats = prestager.stop()
+    assert cluster.copies[0][2] >= finished_at
+    assert stats.seconds_yielded > 0.2, stats
