@@ -244,6 +244,7 @@ def _one(emu: wan.Emulation, system: str, spec: dict[str, Any], work: Path) -> d
         log(f"{system}: FAILED: {exc}")
         return {"system": system, "makespan_s": None, "error": str(exc)[-2000:], "check": "failed"}
     report["system"] = system
+    report["seed"] = spec["seed"]  # of the random placements (every system placing at random uses the same)
     report.pop("job_rows", None)  # per-job rows: in the worker's scratch, too long for the published JSON
     remote = report.get("bytes_read", {}).get("remote_fraction")
     log(f"{system}: {report['makespan_s']:.1f} s, WAN {report['wan_bytes_total'] / 2**20:.0f} MiB"
@@ -367,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     result: dict[str, Any] = {"benchmark": "wan_pipeline", "pipeline": args.pipeline, "size": size, "options": sizes,
                               "engine": args.engine, "systems": systems, "prestage": not args.no_prestage,
+                              "seed": args.seed,
                               "command": "python -m benchmarks.wan.bench_pipelines " + shlex.join(raw),
                               **describe_run(), "settings": []}
     for mbit in args.bandwidth_mbit or [100.0, 1000.0]:

@@ -1,6 +1,6 @@
 """The pipeline comparison (benchmarks/wan/bench_pipelines.py): every system in one emulation, checked.
 
-A tiny Montage run (4 tiles of 32x32 pixels) on gmountpy (locality) and Gfarm: each result
+A tiny Montage run (4 tiles of 32x32 pixels) on gmountpy (locality, random) and Gfarm: each result
 equals the single-directory run, each node's CPU time is on its own CPU only, the WAN bytes
 are counted, and the JSON states the link and the CPU layout. Then the pure parts (ratios,
 the plot) on a synthetic result.
@@ -34,7 +34,8 @@ def test_one_emulation_runs_every_system_and_checks_each_against_one_directory(
     require("Gfarm (Debian gfmd gfsd gfarm2fs gfarm-client)", gf.problem())
     out = tmp_path / "result.json"
     code = bench_pipelines.main(["montage", "--size", "4", "--tile-pixels", "32", "--rtt-ms", "10", "--bandwidth-mbit",
-                                 "1000", "--systems", "gmountpy-locality,gfarm", "--out", str(out)])
+                                 "1000", "--systems", "gmountpy-locality,gmountpy-random,gfarm", "--seed", "7",
+                                 "--out", str(out)])
     assert code == 0
     result = json.loads(out.read_text())
     assert result["command"].startswith("python -m benchmarks.wan.bench_pipelines montage")
@@ -44,7 +45,10 @@ def test_one_emulation_runs_every_system_and_checks_each_against_one_directory(
     assert 8 <= setting["measured_link"]["rtt_ms"] <= 14
     assert setting["cpus"]["nodes"]["n1"]["cpus"] != setting["cpus"]["nodes"]["n2"]["cpus"]
     runs = {r["system"]: r for r in setting["runs"]}
-    assert set(runs) == {"gmountpy-locality", "gfarm"}
+    assert set(runs) == {"gmountpy-locality", "gmountpy-random", "gfarm"}
+    assert result["seed"] == 7  # random placement, the same seed for gmountpy and Gfarm, recorded
+    assert runs["gmountpy-random"]["placement"] == runs["gfarm"]["placement"] == "random"
+    assert runs["gmountpy-random"]["seed"] == runs["gfarm"]["seed"] == 7
     for system, run in runs.items():
         assert run["check"] == "same as single directory", (system, run["check"])
         assert run["makespan_s"] > 0 and run["wan_bytes_total"] > 0, system
@@ -52,7 +56,7 @@ def test_one_emulation_runs_every_system_and_checks_each_against_one_directory(
             own = {str(c) for c in setting["cpus"]["nodes"][node]["cpus"]}
             assert all(seconds == 0 for cpu, seconds in per_cpu.items() if cpu not in own), (system, node, per_cpu)
     assert runs["gmountpy-locality"]["bytes_read"]["remote_fraction"] < 0.5
-    assert "locality/gfarm" in setting["ratios"]
+    assert "locality/gfarm" in setting["ratios"] and "locality/random" in setting["ratios"]
     assert out.with_suffix(".png").stat().st_size > 0
 
 
