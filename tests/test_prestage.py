@@ -365,27 +365,3 @@ def test_make_database_is_read_again_when_an_included_makefile_is_made_not_after
     assert [(p, n) for p, n, _ in cluster.copies] == [("/w/proj/0.fits", "n2")] or \
         [(p, n) for p, n, _ in cluster.copies] == [("/w/proj/9.fits", "n1")], cluster.copies
 
-
-def test_a_copy_waits_while_the_jobs_running_now_read_across_the_network() -> None:
-    """A job running now reads a big input from the other node: a copy for a later job waits until it
-    finished (or `yield_for` passed), so that the two do not share the link."""
-    dag = Dag({"now": ("a.in", "b.in"), "mid": ("x.in",), "later": ("c.in", "mid")}, {}, ("now", "mid", "later"))
-    holdings = {"/w/a.in": {"n1": 8 * MIB}, "/w/b.in": {"n2": 6 * MIB}, "/w/c.in": {"n1": 8 * MIB},
-                "/w/x.in": {"n2": 8 * MIB}}
-    cluster = FakeCluster(holdings)
-    prestager = Prestager(cluster, "/nowhere", "/w", None, lambda: (dag, True), poll=0.02, yield_for=30.0,
-                          running=1)
-    prestager.start()
-    try:
-        time.sleep(0.3)
-        assert prestager._planner is not None and prestager._planner.starting == ["now"]
-        assert prestager._planner.remote_reads({k[3:]: v for k, v in holdings.items()}) == [("now", "b.in")]
-        assert cluster.copies == [], "a copy was made while the running job read b.in across the network"
-        finished_at = time.monotonic()
-        holdings["/w/now"] = {"n1": MIB}
-        prestager.notify([("now", "n1")])
-        wait_for(lambda: bool(cluster.copies))
-    finally:
-        stats = prestager.stop()
-    assert cluster.copies[0][2] >= finished_at
-    assert stats.seconds_yielded > 0.2, stats

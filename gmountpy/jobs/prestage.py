@@ -23,16 +23,14 @@ corrected tile. Knowing the workflow's DAG, such reads can be moved out of the j
   pull other jobs after them. Other jobs are placed by the rule alone.
 - every produced input of a planned job that is not on its planned node (and at least
   `min_bytes`) is staged there, as a verified replica (`Cluster.stage`), in the order the
-  engine will run the jobs -- while other jobs run, one copy at a time, each waiting (up to
-  `YIELD_FOR` seconds) while a job taken to be running now reads across the network: the copies
-  share the link, and both nodes' CPUs, with the jobs. When the consumer starts, the placement
+  engine will run the jobs -- while other jobs run. When the consumer starts, the placement
   rule sees the replica as held by that node, so the job goes there and reads locally.
 
 `Planner` is the pure part (no I/O; tests drive it with synthetic holdings). `Prestager`
 follows a run: it reads the DAG from the engine (make: `make_dag`, the make database printed
 with recipes disabled), learns which jobs finished and where from the plugins' placement log
 (one JSON line per finished recipe, `GMOUNT_PLACEMENT_LOG`), asks the cluster where files
-are, and stages in a worker thread. make's DAG is read at the start and again only when a job it
+are, and stages in worker threads. make's DAG is read at the start and again only when a job it
 does not show finished (an included makefile was made) or, while incomplete, at most every
 `RELOAD_AFTER` seconds. `follow(...)` runs one for the duration of a block.
 """
@@ -63,8 +61,6 @@ MOVE_BYTES = 64 * 1024 * 1024
 #: while make's DAG is incomplete, read it again after jobs finished at most this often (seconds), unless a
 #: job it does not show finished (an included makefile: then at once)
 RELOAD_AFTER = 10.0
-#: a copy waits at most this long (seconds) while jobs running now read across the network
-YIELD_FOR = 5.0
 
 
 @dataclass(frozen=True)
@@ -100,7 +96,6 @@ class Planner:
         self.sticky: set[str] = set()        # jobs something was staged for: their plan stays
         self.staged: set[tuple[str, str]] = set()  # (path, node) asked for
         self.level = self._levels()          # job -> depth in the DAG: jobs of one level tend to run together
-        self.starting: list[str] = []        # the ready jobs taken to be running now (the last `update`)
         self._sides: dict[str, list[str]] = {}  # job -> its side outputs
         for side, job in dag.side.items():
             self._sides.setdefault(job, []).append(side)
@@ -130,7 +125,6 @@ class Planner:
                 load[self.plan[job]] += 1
                 level_load.setdefault(self.level[job], dict.fromkeys(self.nodes, 0))[self.plan[job]] += 1
         requests: list[tuple[str, str]] = []
-        self.starting = []
         starting = running
         for job in self.dag.order:
             if job in finished:
@@ -143,7 +137,6 @@ class Planner:
             wave[node] += 1
             if starting > 0 and all(holdings.get(p) or self.dag.producer(p) is None for p in self.dag.inputs(job)):
                 starting -= 1
-                self.starting.append(job)
                 continue
             for path in self.dag.inputs(job):
                 held = holdings.get(path)
@@ -185,18 +178,6 @@ class Planner:
     def _read_bytes(self, job: str, holdings: Mapping[str, Mapping[str, int]]) -> int | None:
         sizes = [max(held.values()) for held in (holdings.get(p) for p in self.dag.inputs(job)) if held]
         return sum(sizes) if sizes else None
-
-    def remote_reads(self, holdings: Mapping[str, Mapping[str, int]]) -> list[tuple[str, str]]:
-        """(job, input) of the jobs taken to be running now that read an input (of staging size) from another
-        node than their planned one: while there are any, the link is theirs."""
-        reads = []
-        for job in self.starting:
-            node = self.plan.get(job)
-            for path in self.dag.inputs(job):
-                held = holdings.get(path)
-                if node is not None and held and node not in held and max(held.values()) >= self.min_bytes:
-                    reads.append((job, path))
-        return reads
 
     def _growth(self, holdings: Mapping[str, Mapping[str, int]], done: set[str]) -> float:
         """Bytes written per byte read by the jobs finished so far (1 before any): outputs still to be made
@@ -347,13 +328,11 @@ class PrestageStats:
     dag_jobs: int = 0
     dag_reads: int = 0
     seconds_busy: float = 0.0
-    seconds_yielded: float = 0.0
     errors: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"staged_files": self.staged_files, "staged_bytes": self.staged_bytes, "failed": self.failed,
                 "dag_jobs": self.dag_jobs, "dag_reads": self.dag_reads, "seconds_busy": round(self.seconds_busy, 2),
-                "seconds_yielded": round(self.seconds_yielded, 2),
                 "errors": self.errors[:5]}
 
 
@@ -366,8 +345,8 @@ class Prestager:
 
     def __init__(self, cluster: StagingCluster, directory: str, namespace_dir: str, log_path: str | None,
                  dag_source: Callable[[], tuple[Dag, bool]], *, min_bytes: int = MIN_BYTES,
-                 concurrency: int = 1, poll: float = 0.2, running: int = 1,
-                 reload_after: float = RELOAD_AFTER, yield_for: float = YIELD_FOR) -> None:
+                 concurrency: int = 2, poll: float = 0.2, running: int = 1,
+                 reload_after: float = RELOAD_AFTER) -> None:
         self.cluster = cluster
         self.directory = directory          # the workflow directory on this machine (in a mount)
         self.namespace_dir = namespace_dir  # the same directory as a namespace path
@@ -377,7 +356,6 @@ class Prestager:
         self.poll = poll
         self.running = running  # jobs the engine runs at once (make -j): the first ready ones start now
         self.reload_after = reload_after
-        self.yield_for = yield_for
         self._dag_read_at = 0.0
         self.stats = PrestageStats()
         self._nodes = [n.name for n in cluster.nodes]
@@ -538,17 +516,7 @@ class Prestager:
                 if holders:
                     self._holdings[path] = holders
 
-    def _link_busy(self) -> bool:
-        with self._lock:
-            return self._planner is not None and bool(self._planner.remote_reads(self._holdings))
-
     def _stage(self, path: str, node: str) -> None:
-        # a copy shares the link (and both nodes' CPUs) with the jobs running now: it waits while one of
-        # them reads across the network, up to `yield_for` seconds (the consumer must not start first)
-        deadline = time.monotonic() + self.yield_for
-        while not self._stop.is_set() and time.monotonic() < deadline and self._link_busy():
-            self.stats.seconds_yielded += self.poll / 2
-            self._stop.wait(self.poll / 2)
         if self._stop.is_set():
             return
         started = time.monotonic()
