@@ -26,10 +26,10 @@ import pytest
 from gmountpy import Cluster
 from gmountpy.cli.pipeline import _plugin_problem
 from gmountpy.pipelines import pipeline
+from gmountpy.pipelines.base import Job
 from gmountpy.pipelines.event import stages as event_stages
 from gmountpy.pipelines.montage.concatfit import concat
 from gmountpy.pipelines.montage.tiles import write_tiles
-from gmountpy.pipelines.base import Job
 from gmountpy.pipelines.runner import (
     check_against,
     job_table,
