@@ -365,3 +365,20 @@ def test_make_database_is_read_again_when_an_included_makefile_is_made_not_after
     assert [(p, n) for p, n, _ in cluster.copies] == [("/w/proj/0.fits", "n2")] or \
         [(p, n) for p, n, _ in cluster.copies] == [("/w/proj/9.fits", "n1")], cluster.copies
 
+
+
+def test_a_level_already_even_in_total_is_not_rebalanced_job_by_job() -> None:
+    """The event pipeline: four documents, two at each site, a chain of jobs per document, run by make one
+    document after another. Balancing the level as far as the engine's order has reached swapped the second
+    and fourth chains (two copies for nothing); the level is even in total, so every chain stays with its
+    document and nothing is staged."""
+    docs = ["d0", "d1", "d2", "d3"]
+    chain = [("sent", "docs"), ("tok", "sent"), ("ev", "tok")]
+    deps: dict[str, tuple[str, ...]] = {f"{stage}/{d}": (f"{src}/{d}",) for stage, src in chain for d in docs}
+    deps["events.tsv"] = tuple(f"ev/{d}" for d in docs)
+    order = (*(f"{stage}/{d}" for d in docs for stage, _ in chain), "events.tsv")
+    planner = Planner(Dag(deps, {}, order), ["n1", "n2"])
+    holdings = {f"docs/{d}": {"n1" if d in ("d0", "d1") else "n2": 3 * MIB} for d in docs}
+    assert planner.update(holdings, done=[], running=2) == []
+    assert all(planner.plan[f"{stage}/{d}"] == ("n1" if d in ("d0", "d1") else "n2")
+               for stage, _ in chain for d in docs)

@@ -124,6 +124,17 @@ class Planner:
             if job in finished and job in self.plan:
                 load[self.plan[job]] += 1
                 level_load.setdefault(self.level[job], dict.fromkeys(self.nodes, 0))[self.plan[job]] += 1
+        # each level's jobs per node where their data pulls them (the finished ones where they ran): the
+        # balancing below moves a job only out of a level that is uneven in total, not merely so far
+        totals = {level: dict(counts) for level, counts in level_load.items()}
+        natural_load = dict(load)
+        for job in self.dag.order:
+            if job in finished:
+                continue
+            if job not in self.sticky:
+                self.plan[job] = self._choose(job, holdings, natural_load)
+            natural_load[self.plan[job]] += 1
+            totals.setdefault(self.level[job], dict.fromkeys(self.nodes, 0))[self.plan[job]] += 1
         requests: list[tuple[str, str]] = []
         starting = running
         for job in self.dag.order:
@@ -131,7 +142,8 @@ class Planner:
                 continue
             wave = level_load.setdefault(self.level[job], dict.fromkeys(self.nodes, 0))
             if job not in self.sticky:
-                self.plan[job] = self._balance(job, self._choose(job, holdings, load), holdings, wave)
+                self.plan[job] = self._balance(job, self._choose(job, holdings, load), holdings, wave,
+                                               totals[self.level[job]])
             node = self.plan[job]
             load[node] += 1
             wave[node] += 1
@@ -150,15 +162,18 @@ class Planner:
         return requests
 
     def _balance(self, job: str, node: str, holdings: Mapping[str, Mapping[str, int]],
-                 wave: Mapping[str, int]) -> str:
-        """`node`, or the node with the fewest jobs of this job's level if `node` has more and moving the job
+                 wave: Mapping[str, int], totals: dict[str, int]) -> str:
+        """`node`, or the node with the fewest jobs of this job's level if `node` has more (so far in the
+        engine's order, and by at least two in the level's `totals`, updated here) and moving the job
         costs at most `move_bytes` of copies of inputs made already (an input still to be made cannot be
         moved ahead of time: a job waiting for a large one stays; a small one, a header, is read remotely).
         The engine runs jobs in its order, whatever node holds their data: without this, a node holding the
-        first inputs of a level runs two jobs while another idles."""
+        first inputs of a level runs two jobs while another idles. A level already even in total (the
+        event pipeline's documents, half at each site) is left alone: a move there only swaps jobs, each
+        swap a copy."""
         order = {n: i for i, n in enumerate(self.nodes)}
         lightest = min(self.nodes, key=lambda n: (wave[n], order[n]))
-        if wave[node] <= wave[lightest]:
+        if wave[node] <= wave[lightest] or totals.get(node, 0) - totals.get(lightest, 0) < 2:
             return node
         cost = 0
         for path in self.dag.inputs(job):
@@ -173,7 +188,11 @@ class Planner:
                 continue
             if lightest not in held and (path, lightest) not in self.staged:
                 cost += max(held.values())
-        return lightest if cost <= self.move_bytes else node
+        if cost > self.move_bytes:
+            return node
+        totals[node] -= 1
+        totals[lightest] = totals.get(lightest, 0) + 1
+        return lightest
 
     def _read_bytes(self, job: str, holdings: Mapping[str, Mapping[str, int]]) -> int | None:
         sizes = [max(held.values()) for held in (holdings.get(p) for p in self.dag.inputs(job)) if held]
