@@ -131,7 +131,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         report = run_on_mounts(pipe, spec["size"], spec["engine"], spec["mounts"], spec["sites"],
                                system=spec["system"], scratch=spec["scratch"], seed=spec["seed"],
                                inputs_at=spec.get("inputs_at"), options=options, settle=spec.get("settle", 0.0),
-                               slots=spec.get("slots", 1))
+                               slots=spec.get("slots", 1), cluster=spec.get("jobs_cluster"))
     difference = check_against(report, pipe, spec["reference"])
     report["check"] = "same as single directory" if difference is None else f"DIFFERS: {difference}"
     return report
@@ -226,14 +226,23 @@ def run_system(emu: wan.Emulation, system: str, spec: dict[str, Any], work: Path
         with peer.running():
             peer.check()
             spec = {**spec, "kind": "mounts", "mounts": {n: str(peer.mount(n)) for n in nodes}, "sites": SITES,
+                    "jobs_cluster": jobs_cluster(cluster, system),
                     "settle": GFARM_SETTLE, "slots": slots()}
             return _one(emu, system, spec, work)
     server = sshfs.CentralServer(emu, work, nodes[0], nodes, name="central", options=sshfs.SSHFS_HANDOFF_OPTIONS)
     with server.running():
         server.check()
         spec = {**spec, "kind": "mounts", "mounts": {n: str(server.mount(n)) for n in nodes}, "sites": SITES,
+                "jobs_cluster": jobs_cluster(cluster, system),
                 "inputs_at": {n: str(server.data) for n in nodes}, "slots": slots()}
         return _one(emu, system, spec, work)
+
+
+def jobs_cluster(cluster: str, system: str) -> str:
+    """The GMOUNT_CLUSTER of the jobs another file system's run places on a node: a variant of the
+    emulation's cluster, so that the cgroup watcher moves each job (GMOUNT_NODE) onto its node's CPUs --
+    without it, every job ran in the engine's cgroup, on n1's CPU, whatever node it was placed on."""
+    return f"{cluster}-{system}"
 
 
 def _one(emu: wan.Emulation, system: str, spec: dict[str, Any], work: Path) -> dict[str, Any]:

@@ -290,13 +290,15 @@ def run_on_cluster(cluster: Cluster, pipe: Pipeline, size: int, engine: str, pla
 def run_on_mounts(pipe: Pipeline, size: int, engine: str, mounts: Mapping[str, str], sites: Mapping[str, Sequence[str]],
                   *, system: str, scratch: str, placement: str = "random", seed: int = 1,
                   inputs_at: Mapping[str, str] | None = None, options: Options | None = None,
-                  settle: float = 0.0, slots: int = 1) -> dict[str, Any]:
+                  settle: float = 0.0, slots: int = 1, cluster: str | None = None) -> dict[str, Any]:
     """One run of `pipe` on another shared file system mounted on every node (Gfarm, a central server):
     the jobs spread by the baseline wrapper (`random`: a hash of the job; `single`: all on the first node),
     each in the same directory of its node's mount. Inputs are written through each holding node's mount,
     or under `inputs_at[node]` (a central server's own directory) -- where they sit after acquisition.
     `settle`: seconds each job waits after it ended, for a file system that shows a closed file's size
-    on other nodes only a moment later. `slots`: jobs a node runs at once (make -j: slots x nodes)."""
+    on other nodes only a moment later. `slots`: jobs a node runs at once (make -j: slots x nodes).
+    `cluster`: the GMOUNT_CLUSTER jobs see, with GMOUNT_NODE (default `system`; what puts a job on its
+    node's CPUs where something watches for them)."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}: choose {' or '.join(ENGINES)}")
     if placement not in ("random", "single"):
@@ -311,7 +313,7 @@ def run_on_mounts(pipe: Pipeline, size: int, engine: str, mounts: Mapping[str, s
     os.makedirs(scratch, exist_ok=True)
     wrapper = _write_wrapper(scratch)
     shell = "/bin/sh" if engine == "make" else (shutil.which("bash") or "/bin/sh")
-    env = placement_env(mounts, system, placement, home, home, seed, shell)
+    env = placement_env(mounts, cluster or system, placement, home, home, seed, shell)
     if settle > 0:
         env["GMOUNT_PLACEMENT_SETTLE"] = f"{settle:g}"
     parallel = slots * (len(mounts) if placement == "random" else 1)

@@ -21,6 +21,7 @@ import pytest
 
 from benchmarks.wan import bench_pipelines, cgroups
 from benchmarks.wan import gfarm as gf
+from gmountpy.pipelines.runner import placement_env
 
 from ..conftest import fuse_problem, require
 from .test_wan import wan  # noqa: F401 (fixture)
@@ -103,3 +104,16 @@ def test_ctrl_c_in_the_middle_of_a_run_tears_everything_down(wan: None, tmp_path
     out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert not [line for line in out.splitlines() if str(tmp_path) in line and "ps -eo" not in line]
     assert not list(tmp_path.glob("gmw-pipe-*")), "the run's directory is left"
+
+
+def test_a_gfarm_or_central_job_placed_on_n2_is_moved_onto_n2s_cpus() -> None:
+    """The baseline wrapper runs a job placed on n2 from make's process, in n1's cgroup: only the cgroup
+    watcher, which moves a process naming GMOUNT_NODE and a variant of the emulation's cluster, puts it
+    on n2's CPU. The jobs of Gfarm's and the central server's runs must name such a cluster (they named
+    "gfarm" and "central": every job ran on n1's CPU)."""
+    emulation = "wanpipe-4242-100"
+    for system in ("gfarm", "central"):
+        env = placement_env({"n1": "/m1", "n2": "/m2"}, bench_pipelines.jobs_cluster(emulation, system), "random",
+                            "n1", "n1", 1, "/bin/sh")
+        environ = b"\0".join(f"{k}={v}".encode() for k, v in {**env, "GMOUNT_NODE": "n2"}.items()) + b"\0"
+        assert cgroups.job_node(environ, [emulation]) == "n2", system
