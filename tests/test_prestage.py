@@ -14,10 +14,12 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 from gmountpy import Cluster
-from gmountpy.jobs.prestage import Dag, Planner, follow, make_dag, parse_make_database
+from gmountpy.jobs.prestage import Dag, Planner, Prestager, follow, make_dag, parse_make_database
 
 from .conftest import fuse_problem, local_cluster, require
 
@@ -287,3 +289,96 @@ def test_outputs_still_to_be_made_are_guessed_at_what_their_job_reads_shared_by_
     planner = Planner(dag, ["n1", "n2"])
     assert planner.update(holdings, done=[]) == []
     assert planner.plan == {"genome.bwt": "n1", "a.bam": "n2"}
+
+
+class FakeCluster:
+    """What a Prestager asks of a cluster, in memory: who holds what, and the copies it was asked for."""
+
+    def __init__(self, holdings: dict[str, dict[str, int]]) -> None:
+        self.holdings = holdings  # namespace path -> node -> bytes
+        self.copies: list[tuple[str, str, float]] = []  # (path, node, when)
+
+    @property
+    def nodes(self) -> list[SimpleNamespace]:
+        return [SimpleNamespace(name="n1"), SimpleNamespace(name="n2")]
+
+    def where(self, paths: list[str], from_node: str | None = None) -> list[SimpleNamespace]:
+        return [SimpleNamespace(holders=[SimpleNamespace(node=n, size=s) for n, s in self.holdings.get(p, {}).items()])
+                for p in paths]
+
+    def stage(self, path: str, to: str, *, concurrency: int = 4, progress: bool | None = None) -> SimpleNamespace:
+        self.copies.append((path, to, time.monotonic()))
+        size = max(self.holdings[path].values())
+        self.holdings[path][to] = size
+        return SimpleNamespace(files=[SimpleNamespace(status="copied", size=size)])
+
+
+def finish(log: Path, target: str, node: str) -> None:
+    with open(log, "a") as f:
+        f.write(json.dumps({"target": target, "node": node, "status": 0}) + "\n")
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_make_database_is_read_again_when_an_included_makefile_is_made_not_after_every_job(tmp_path: Path) -> None:
+    """Montage's DAG is incomplete until diffs.mk is made (make cannot tell the rest without it): the
+    prestager reads it once at the start and once when diffs.mk is made -- not after each of the ten
+    projections made before it (each read walks the DAG through the mount on the head node's CPU)."""
+    projections = [f"proj/{i}.fits" for i in range(10)]
+    partial = Dag({**{p: (f"raw/{i}.fits",) for i, p in enumerate(projections)}, "diffs.tbl": tuple(projections)},
+                  {}, (*projections, "diffs.tbl"))
+    whole = Dag({**partial.deps, "diffs.mk": ("diffs.tbl",), "fit.txt": ("proj/0.fits", "proj/9.fits")}, {},
+                (*partial.order, "diffs.mk", "fit.txt"))
+    log = tmp_path / "make.jsonl"
+    asked: list[bool] = []
+
+    def dag_source() -> tuple[Dag, bool]:
+        complete = any('"diffs.mk"' in line for line in (log.read_text().splitlines() if log.exists() else []))
+        asked.append(complete)
+        return (whole, True) if complete else (partial, False)
+
+    cluster = FakeCluster({f"/w/raw/{i}.fits": {"n1" if i < 5 else "n2": MIB} for i in range(10)})
+    prestager = Prestager(cluster, str(tmp_path), "/w", str(log), dag_source, poll=0.01)
+    prestager.start()
+    try:
+        wait_for(lambda: len(asked) == 1)
+        for i, path in enumerate(projections):
+            node = "n1" if i < 5 else "n2"
+            cluster.holdings[f"/w/{path}"] = {node: 4 * MIB}
+            finish(log, path, node)
+            time.sleep(0.05)
+        cluster.holdings["/w/diffs.tbl"] = {"n2": 1000}
+        finish(log, "diffs.tbl", "n2")
+        time.sleep(0.05)
+        assert len(asked) == 1, f"make's database was read {len(asked)} times before diffs.mk was made"
+        cluster.holdings["/w/diffs.mk"] = {"n2": 100}
+        finish(log, "diffs.mk", "n2")
+        wait_for(lambda: bool(cluster.copies))
+    finally:
+        stats = prestager.stop()
+    assert asked == [False, True] and stats.dag_reads == 2, stats
+    assert [(p, n) for p, n, _ in cluster.copies] == [("/w/proj/0.fits", "n2")] or \
+        [(p, n) for p, n, _ in cluster.copies] == [("/w/proj/9.fits", "n1")], cluster.copies
+
+
+
+def test_a_level_already_even_in_total_is_not_rebalanced_job_by_job() -> None:
+    """The event pipeline: four documents, two at each site, a chain of jobs per document, run by make one
+    document after another. Balancing the level as far as the engine's order has reached swapped the second
+    and fourth chains (two copies for nothing); the level is even in total, so every chain stays with its
+    document and nothing is staged."""
+    docs = ["d0", "d1", "d2", "d3"]
+    chain = [("sent", "docs"), ("tok", "sent"), ("ev", "tok")]
+    deps: dict[str, tuple[str, ...]] = {f"{stage}/{d}": (f"{src}/{d}",) for stage, src in chain for d in docs}
+    deps["events.tsv"] = tuple(f"ev/{d}" for d in docs)
+    order = (*(f"{stage}/{d}" for d in docs for stage, _ in chain), "events.tsv")
+    planner = Planner(Dag(deps, {}, order), ["n1", "n2"])
+    holdings = {f"docs/{d}": {"n1" if d in ("d0", "d1") else "n2": 3 * MIB} for d in docs}
+    assert planner.update(holdings, done=[], running=2) == []
+    assert all(planner.plan[f"{stage}/{d}"] == ("n1" if d in ("d0", "d1") else "n2")
+               for stage, _ in chain for d in docs)

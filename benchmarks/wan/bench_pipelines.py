@@ -131,7 +131,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         report = run_on_mounts(pipe, spec["size"], spec["engine"], spec["mounts"], spec["sites"],
                                system=spec["system"], scratch=spec["scratch"], seed=spec["seed"],
                                inputs_at=spec.get("inputs_at"), options=options, settle=spec.get("settle", 0.0),
-                               slots=spec.get("slots", 1))
+                               slots=spec.get("slots", 1), cluster=spec.get("jobs_cluster"))
     difference = check_against(report, pipe, spec["reference"])
     report["check"] = "same as single directory" if difference is None else f"DIFFERS: {difference}"
     return report
@@ -226,14 +226,23 @@ def run_system(emu: wan.Emulation, system: str, spec: dict[str, Any], work: Path
         with peer.running():
             peer.check()
             spec = {**spec, "kind": "mounts", "mounts": {n: str(peer.mount(n)) for n in nodes}, "sites": SITES,
+                    "jobs_cluster": jobs_cluster(cluster, system),
                     "settle": GFARM_SETTLE, "slots": slots()}
             return _one(emu, system, spec, work)
     server = sshfs.CentralServer(emu, work, nodes[0], nodes, name="central", options=sshfs.SSHFS_HANDOFF_OPTIONS)
     with server.running():
         server.check()
         spec = {**spec, "kind": "mounts", "mounts": {n: str(server.mount(n)) for n in nodes}, "sites": SITES,
+                "jobs_cluster": jobs_cluster(cluster, system),
                 "inputs_at": {n: str(server.data) for n in nodes}, "slots": slots()}
         return _one(emu, system, spec, work)
+
+
+def jobs_cluster(cluster: str, system: str) -> str:
+    """The GMOUNT_CLUSTER of the jobs another file system's run places on a node: a variant of the
+    emulation's cluster, so that the cgroup watcher moves each job (GMOUNT_NODE) onto its node's CPUs --
+    without it, every job ran in the engine's cgroup, on n1's CPU, whatever node it was placed on."""
+    return f"{cluster}-{system}"
 
 
 def _one(emu: wan.Emulation, system: str, spec: dict[str, Any], work: Path) -> dict[str, Any]:
@@ -244,6 +253,7 @@ def _one(emu: wan.Emulation, system: str, spec: dict[str, Any], work: Path) -> d
         log(f"{system}: FAILED: {exc}")
         return {"system": system, "makespan_s": None, "error": str(exc)[-2000:], "check": "failed"}
     report["system"] = system
+    report["seed"] = spec["seed"]  # of the random placements (every system placing at random uses the same)
     report.pop("job_rows", None)  # per-job rows: in the worker's scratch, too long for the published JSON
     remote = report.get("bytes_read", {}).get("remote_fraction")
     log(f"{system}: {report['makespan_s']:.1f} s, WAN {report['wan_bytes_total'] / 2**20:.0f} MiB"
@@ -367,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     result: dict[str, Any] = {"benchmark": "wan_pipeline", "pipeline": args.pipeline, "size": size, "options": sizes,
                               "engine": args.engine, "systems": systems, "prestage": not args.no_prestage,
+                              "seed": args.seed,
                               "command": "python -m benchmarks.wan.bench_pipelines " + shlex.join(raw),
                               **describe_run(), "settings": []}
     for mbit in args.bandwidth_mbit or [100.0, 1000.0]:

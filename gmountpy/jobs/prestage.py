@@ -30,7 +30,9 @@ corrected tile. Knowing the workflow's DAG, such reads can be moved out of the j
 follows a run: it reads the DAG from the engine (make: `make_dag`, the make database printed
 with recipes disabled), learns which jobs finished and where from the plugins' placement log
 (one JSON line per finished recipe, `GMOUNT_PLACEMENT_LOG`), asks the cluster where files
-are, and stages in worker threads. `follow(...)` runs one for the duration of a block.
+are, and stages in worker threads. make's DAG is read at the start and again only when a job it
+does not show finished (an included makefile was made) or, while incomplete, at most every
+`RELOAD_AFTER` seconds. `follow(...)` runs one for the duration of a block.
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ Holdings = dict[str, dict[str, int]]
 MIN_BYTES = 256 * 1024
 #: a job is planned away from its data, to even out the nodes, only if this much or less must be staged for it
 MOVE_BYTES = 64 * 1024 * 1024
+#: while make's DAG is incomplete, read it again after jobs finished at most this often (seconds), unless a
+#: job it does not show finished (an included makefile: then at once)
+RELOAD_AFTER = 10.0
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,17 @@ class Planner:
             if job in finished and job in self.plan:
                 load[self.plan[job]] += 1
                 level_load.setdefault(self.level[job], dict.fromkeys(self.nodes, 0))[self.plan[job]] += 1
+        # each level's jobs per node where their data pulls them (the finished ones where they ran): the
+        # balancing below moves a job only out of a level that is uneven in total, not merely so far
+        totals = {level: dict(counts) for level, counts in level_load.items()}
+        natural_load = dict(load)
+        for job in self.dag.order:
+            if job in finished:
+                continue
+            if job not in self.sticky:
+                self.plan[job] = self._choose(job, holdings, natural_load)
+            natural_load[self.plan[job]] += 1
+            totals.setdefault(self.level[job], dict.fromkeys(self.nodes, 0))[self.plan[job]] += 1
         requests: list[tuple[str, str]] = []
         starting = running
         for job in self.dag.order:
@@ -126,7 +142,8 @@ class Planner:
                 continue
             wave = level_load.setdefault(self.level[job], dict.fromkeys(self.nodes, 0))
             if job not in self.sticky:
-                self.plan[job] = self._balance(job, self._choose(job, holdings, load), holdings, wave)
+                self.plan[job] = self._balance(job, self._choose(job, holdings, load), holdings, wave,
+                                               totals[self.level[job]])
             node = self.plan[job]
             load[node] += 1
             wave[node] += 1
@@ -145,15 +162,18 @@ class Planner:
         return requests
 
     def _balance(self, job: str, node: str, holdings: Mapping[str, Mapping[str, int]],
-                 wave: Mapping[str, int]) -> str:
-        """`node`, or the node with the fewest jobs of this job's level if `node` has more and moving the job
+                 wave: Mapping[str, int], totals: dict[str, int]) -> str:
+        """`node`, or the node with the fewest jobs of this job's level if `node` has more (so far in the
+        engine's order, and by at least two in the level's `totals`, updated here) and moving the job
         costs at most `move_bytes` of copies of inputs made already (an input still to be made cannot be
         moved ahead of time: a job waiting for a large one stays; a small one, a header, is read remotely).
         The engine runs jobs in its order, whatever node holds their data: without this, a node holding the
-        first inputs of a level runs two jobs while another idles."""
+        first inputs of a level runs two jobs while another idles. A level already even in total (the
+        event pipeline's documents, half at each site) is left alone: a move there only swaps jobs, each
+        swap a copy."""
         order = {n: i for i, n in enumerate(self.nodes)}
         lightest = min(self.nodes, key=lambda n: (wave[n], order[n]))
-        if wave[node] <= wave[lightest]:
+        if wave[node] <= wave[lightest] or totals.get(node, 0) - totals.get(lightest, 0) < 2:
             return node
         cost = 0
         for path in self.dag.inputs(job):
@@ -168,7 +188,11 @@ class Planner:
                 continue
             if lightest not in held and (path, lightest) not in self.staged:
                 cost += max(held.values())
-        return lightest if cost <= self.move_bytes else node
+        if cost > self.move_bytes:
+            return node
+        totals[node] -= 1
+        totals[lightest] = totals.get(lightest, 0) + 1
+        return lightest
 
     def _read_bytes(self, job: str, holdings: Mapping[str, Mapping[str, int]]) -> int | None:
         sizes = [max(held.values()) for held in (holdings.get(p) for p in self.dag.inputs(job)) if held]
@@ -340,7 +364,8 @@ class Prestager:
 
     def __init__(self, cluster: StagingCluster, directory: str, namespace_dir: str, log_path: str | None,
                  dag_source: Callable[[], tuple[Dag, bool]], *, min_bytes: int = MIN_BYTES,
-                 concurrency: int = 2, poll: float = 0.2, running: int = 1) -> None:
+                 concurrency: int = 2, poll: float = 0.2, running: int = 1,
+                 reload_after: float = RELOAD_AFTER) -> None:
         self.cluster = cluster
         self.directory = directory          # the workflow directory on this machine (in a mount)
         self.namespace_dir = namespace_dir  # the same directory as a namespace path
@@ -349,6 +374,8 @@ class Prestager:
         self.min_bytes = min_bytes
         self.poll = poll
         self.running = running  # jobs the engine runs at once (make -j): the first ready ones start now
+        self.reload_after = reload_after
+        self._dag_read_at = 0.0
         self.stats = PrestageStats()
         self._nodes = [n.name for n in cluster.nodes]
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="prestage")
@@ -405,12 +432,14 @@ class Prestager:
                 with self._lock:
                     finished += self._notified
                     reload, self._notified, self._reload = self._reload, [], False
-                # the DAG again only when a job finished and it was not complete (an included makefile
-                # may exist now) or the job was not in it, or when told: asking make costs the head node
-                # tens of milliseconds
+                # the DAG again only when told, or when a job finished that it does not show (an included
+                # makefile made: the DAG grows), or, while it is incomplete, at most every `reload_after`
+                # seconds after jobs finished (a makefile made as a side output): make reads the whole
+                # DAG through the mount, on the head node's CPU, and the copies wait for it
                 known = self._planner.dag.deps if self._planner is not None else {}
-                unknown = any(target not in known for target, _ in finished)  # e.g. an included makefile made
-                if first or reload or (finished and (not self._complete or unknown)):
+                unknown = any(target not in known for target, _ in finished)
+                stale = not self._complete and time.monotonic() - self._dag_read_at >= self.reload_after
+                if first or reload or (finished and (unknown or stale)):
                     first = False
                     self._load_dag()
                 if finished:
@@ -423,6 +452,7 @@ class Prestager:
     def _load_dag(self) -> None:
         dag, complete = self.dag_source()
         self.stats.dag_reads += 1
+        self._dag_read_at = time.monotonic()
         if self._planner is not None and len(dag.deps) <= len(self._planner.dag.deps) and not complete:
             return
         old = self._planner

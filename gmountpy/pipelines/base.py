@@ -16,7 +16,8 @@ Options = Mapping[str, int]
 
 @dataclass(frozen=True)
 class Job:
-    """One job of a finished run, recovered from its output: the node holding the output ran it."""
+    """One job of a finished run, recovered from its output (where it ran: the placement log, else the
+    node holding the output)."""
 
     stage: str
     output: str             # path relative to the workflow directory

@@ -28,7 +28,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -195,12 +195,15 @@ def _delta(after: dict[str, dict[str, int]], before: dict[str, dict[str, int]]) 
     return {node: {k: v - before.get(node, {}).get(k, 0) for k, v in row.items()} for node, row in after.items()}
 
 
-def job_table(jobs: list[Job], files: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each job with the node that ran it and its input bytes held there / elsewhere."""
+def job_table(jobs: list[Job], files: dict[str, Any], ran_on: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """Each job with the node that ran it and its input bytes held there / elsewhere.
+
+    `ran_on` (output -> node, from the plugins' placement logs) says where a job ran; without it, the first
+    holder of its output (wrong once the output was staged elsewhere: a replica may be listed first)."""
     rows = []
     for job in jobs:
         out = files[job.output]
-        node = out.holders[0]
+        node = (ran_on or {}).get(job.output) or out.holders[0]
         held: dict[str, int] = {}
         local = remote = 0
         for path in job.inputs:
@@ -275,7 +278,7 @@ def run_on_cluster(cluster: Cluster, pipe: Pipeline, size: int, engine: str, pla
         raise GmountError(f"the {pipe.name} pipeline failed on cluster {cluster.name} ({engine}, {placement} "
                           f"placement, exit {run.returncode}) in {home_dir}:\n{_tail(run.output)}")
     files = _walk(cluster, workdir)
-    rows = job_table(pipe.jobs(list(files)), files)
+    rows = job_table(pipe.jobs(list(files)), files, placement_log_nodes(home_dir))
     counters = _delta(after, before)
     report = _report(pipe, size, engine, placement, cluster, workdir, home_dir, run, started_ns, rows, counters)
     report["job_seconds"] = placement_log_seconds(home_dir, rows, pipe.rules)
@@ -287,13 +290,15 @@ def run_on_cluster(cluster: Cluster, pipe: Pipeline, size: int, engine: str, pla
 def run_on_mounts(pipe: Pipeline, size: int, engine: str, mounts: Mapping[str, str], sites: Mapping[str, Sequence[str]],
                   *, system: str, scratch: str, placement: str = "random", seed: int = 1,
                   inputs_at: Mapping[str, str] | None = None, options: Options | None = None,
-                  settle: float = 0.0, slots: int = 1) -> dict[str, Any]:
+                  settle: float = 0.0, slots: int = 1, cluster: str | None = None) -> dict[str, Any]:
     """One run of `pipe` on another shared file system mounted on every node (Gfarm, a central server):
     the jobs spread by the baseline wrapper (`random`: a hash of the job; `single`: all on the first node),
     each in the same directory of its node's mount. Inputs are written through each holding node's mount,
     or under `inputs_at[node]` (a central server's own directory) -- where they sit after acquisition.
     `settle`: seconds each job waits after it ended, for a file system that shows a closed file's size
-    on other nodes only a moment later. `slots`: jobs a node runs at once (make -j: slots x nodes)."""
+    on other nodes only a moment later. `slots`: jobs a node runs at once (make -j: slots x nodes).
+    `cluster`: the GMOUNT_CLUSTER jobs see, with GMOUNT_NODE (default `system`; what puts a job on its
+    node's CPUs where something watches for them)."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}: choose {' or '.join(ENGINES)}")
     if placement not in ("random", "single"):
@@ -308,7 +313,7 @@ def run_on_mounts(pipe: Pipeline, size: int, engine: str, mounts: Mapping[str, s
     os.makedirs(scratch, exist_ok=True)
     wrapper = _write_wrapper(scratch)
     shell = "/bin/sh" if engine == "make" else (shutil.which("bash") or "/bin/sh")
-    env = placement_env(mounts, system, placement, home, home, seed, shell)
+    env = placement_env(mounts, cluster or system, placement, home, home, seed, shell)
     if settle > 0:
         env["GMOUNT_PLACEMENT_SETTLE"] = f"{settle:g}"
     parallel = slots * (len(mounts) if placement == "random" else 1)
@@ -340,6 +345,21 @@ def _plain_walk(root: str) -> dict[str, int]:
     return files
 
 
+def _placement_records(directory: str) -> Iterator[dict[str, Any]]:
+    log_dir = os.path.join(directory, ".gmount")
+    for name in sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []:
+        if name.endswith(".jsonl"):
+            with open(os.path.join(log_dir, name)) as f:
+                for line in f:
+                    yield json.loads(line)
+
+
+def placement_log_nodes(directory: str) -> dict[str, str]:
+    """Target -> the node its recipe ran on, from make's placement logs (.gmount/*.jsonl) in `directory`."""
+    return {str(r["target"]): str(r["node"]) for r in _placement_records(directory)
+            if "target" in r and "node" in r and r.get("status", 0) == 0}
+
+
 def placement_log_seconds(directory: str, rows: list[dict[str, Any]],
                           rules: Mapping[str, str] | None = None) -> dict[str, dict[str, float]]:
     """Per stage: jobs and their seconds, from the plugins' placement logs (.gmount/*.jsonl), if any.
@@ -347,21 +367,15 @@ def placement_log_seconds(directory: str, rows: list[dict[str, Any]],
     make's log has one line per recipe line (target), Snakemake's one per job (rule).
     """
     stage_of = {r["output"]: r["stage"] for r in rows}
-    log_dir = os.path.join(directory, ".gmount")
     per_target: dict[tuple[str, str], float] = {}
-    for name in sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []:
-        if not name.endswith(".jsonl"):
-            continue
-        with open(os.path.join(log_dir, name)) as f:
-            for line in f:
-                record = json.loads(line)
-                if "target" in record:
-                    stage = stage_of.get(record["target"], record["target"])
-                    key = (stage, record["target"])
-                else:
-                    rule = str(record.get("rule"))
-                    key = ((rules or {}).get(rule, rule), str(record.get("jobid")))
-                per_target[key] = per_target.get(key, 0.0) + float(record.get("seconds", 0.0))
+    for record in _placement_records(directory):
+        if "target" in record:
+            stage = stage_of.get(record["target"], record["target"])
+            key = (stage, record["target"])
+        else:
+            rule = str(record.get("rule"))
+            key = ((rules or {}).get(rule, rule), str(record.get("jobid")))
+        per_target[key] = per_target.get(key, 0.0) + float(record.get("seconds", 0.0))
     result: dict[str, dict[str, float]] = {}
     for (stage, _), seconds in per_target.items():
         entry = result.setdefault(stage, {"jobs": 0, "seconds": 0.0, "max_seconds": 0.0})

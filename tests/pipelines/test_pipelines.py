@@ -17,6 +17,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -25,11 +26,14 @@ import pytest
 from gmountpy import Cluster
 from gmountpy.cli.pipeline import _plugin_problem
 from gmountpy.pipelines import pipeline
+from gmountpy.pipelines.base import Job
 from gmountpy.pipelines.event import stages as event_stages
 from gmountpy.pipelines.montage.concatfit import concat
 from gmountpy.pipelines.montage.tiles import write_tiles
 from gmountpy.pipelines.runner import (
     check_against,
+    job_table,
+    placement_log_nodes,
     run_on_cluster,
     run_single_directory,
 )
@@ -282,3 +286,22 @@ def test_event_stages_extract_trigger_and_arguments(tmp_path: Path) -> None:
     assert len(sentences) == 5
     tagged = json.loads((tmp_path / "pos" / "1.json").read_text())["sentences"][1]["tokens"]
     assert ["phosphorylates", " ", "VERB", "phosphorylate"] in tagged
+
+
+def test_a_job_is_counted_on_the_node_its_placement_log_names_not_the_first_holder_of_its_output(
+        tmp_path: Path) -> None:
+    """DAG-aware staging copies a projection to the node of its consumers: its output then has two holders,
+    the replica's node possibly first. The report counts the job where make's placement log says it ran."""
+    (tmp_path / ".gmount").mkdir()
+    lines = [{"target": "proj/t0.fits", "node": "n2", "status": 0}, {"target": "proj/t1.fits", "node": "n1",
+                                                                     "status": 0}]
+    (tmp_path / ".gmount" / "make-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    files = {"raw/t0.fits": SimpleNamespace(holders=["n2"], size=100),
+             "raw/t1.fits": SimpleNamespace(holders=["n1"], size=100),
+             "proj/t0.fits": SimpleNamespace(holders=["n1", "n2"], size=400, mtime_ns=0),  # staged to n1
+             "proj/t1.fits": SimpleNamespace(holders=["n1"], size=400, mtime_ns=0)}
+    jobs = [Job("mProjectPP", "proj/t0.fits", ("raw/t0.fits",)), Job("mProjectPP", "proj/t1.fits", ("raw/t1.fits",))]
+    assert placement_log_nodes(str(tmp_path)) == {"proj/t0.fits": "n2", "proj/t1.fits": "n1"}
+    rows = job_table(jobs, files, placement_log_nodes(str(tmp_path)))
+    assert [r["node"] for r in rows] == ["n2", "n1"]
+    assert all(r["holds_most_inputs"] for r in rows)
