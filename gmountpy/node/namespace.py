@@ -400,16 +400,16 @@ class Namespace:
                 break  # the holder wrote less (a full disk): say so, as write(2) would
         return written
 
-    async def flush(self, handle: FileHandle) -> None:
-        """close(2) of a descriptor: when it returns, every write made through the handle has landed at the
-        holder or never will (docs/failures.md). Free unless a write got no reply: then the holder is asked
-        to settle the handle (one round trip), and if it cannot be asked, close fails with EIO."""
+    async def flush(self, handle: FileHandle, call: str = "close") -> None:
+        """close(2) of a descriptor (and fsync): when it returns, every write made through the handle has
+        landed at the holder or never will (docs/failures.md). Free unless a write got no reply: then the
+        holder is asked to settle the handle (one round trip), and if it cannot be asked, this fails with EIO."""
         if handle.unsettled is None or handle.fd is not None:
             return
         try:
             await self.peers.ask(handle.node, msg.Settle(handle.remote_handle))
         except OSError as exc:
-            message = (f"close of {handle.path}: {handle.unsettled}, and node {handle.node} could not be asked to "
+            message = (f"{call} of {handle.path}: {handle.unsettled}, and node {handle.node} could not be asked to "
                        f"settle it ({exc.strerror or exc}): whether that write landed is unknown, and it may "
                        "still land later; check the file once the node answers")
             log.warning("%s", message)
@@ -420,6 +420,7 @@ class Namespace:
         if handle.fd is not None:
             await off_loop(os.fdatasync if datasync else os.fsync, handle.fd)
         else:
+            await self.flush(handle, "fsync")  # a write without reply lands (or never will) before the sync
             await self.peers.ask(handle.node, msg.Fsync(handle.remote_handle, datasync))
 
     async def fstat(self, handle: FileHandle) -> Attr:
