@@ -14,7 +14,12 @@ import errno
 import os
 import signal
 import stat
+import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pyfuse3
 import trio
@@ -24,6 +29,35 @@ DATA = b"slow data\n" * 400
 FILE_INODE = pyfuse3.ROOT_INODE + 1
 OUT_NAME = b"slow.out"
 OUT_INODE = pyfuse3.ROOT_INODE + 2
+
+
+@contextmanager
+def mounted(mountpoint: Path, delay: float, open_delay: float = 0.0, write_delay: float = 0.0) -> Iterator[list[str]]:
+    """slowfs at `mountpoint` (made here) for the block, always unmounted after; yields the lines it
+    prints once ready ("opened", "wrote N"), collected as they come."""
+    mountpoint.mkdir()
+    process = subprocess.Popen([sys.executable, "-m", "tests.node.slowfs", str(mountpoint), str(delay),
+                                str(open_delay), str(write_delay)],
+                               cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE, text=True)
+    said: list[str] = []
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().strip() == "ready", "slowfs did not start"
+        stdout = process.stdout
+        threading.Thread(target=lambda: said.extend(line.strip() for line in stdout), daemon=True).start()
+        yield said
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        with open("/proc/self/mounts") as f:
+            if any(line.split(" ")[1] == str(mountpoint) for line in f):
+                subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True, check=False)
+        if process.stdout is not None:
+            process.stdout.close()
 
 
 class SlowFS(pyfuse3.Operations):

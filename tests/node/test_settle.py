@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -30,9 +27,9 @@ from gmountpy.protocol.client import call, run_sync
 
 from .._trio import trio_test
 from ..conftest import LocalCluster, fuse_problem, local_cluster, require
+from . import slowfs
 from .harness import open_cluster
 
-REPO = Path(__file__).resolve().parents[2]
 RPC_TIMEOUT = 1.0
 
 
@@ -171,27 +168,8 @@ def pair(tmp_path: Path) -> Iterator[LocalCluster]:
 @contextmanager
 def slow_writes(mountpoint: Path, seconds: float) -> Iterator[Path]:
     """slowfs at `mountpoint` whose writes each take `seconds`; yields its writable file."""
-    mountpoint.mkdir()
-    process = subprocess.Popen([sys.executable, "-m", "tests.node.slowfs", str(mountpoint), "0", "0", str(seconds)],
-                               cwd=REPO, stdout=subprocess.PIPE, text=True)
-    try:
-        assert process.stdout is not None
-        assert process.stdout.readline().strip() == "ready", "slowfs did not start"
-        stdout = process.stdout
-        threading.Thread(target=lambda: [None for _ in stdout], daemon=True).start()  # never blocks on a full pipe
+    with slowfs.mounted(mountpoint, 0, 0, seconds):
         yield mountpoint / "slow.out"
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        with open("/proc/self/mounts") as f:
-            if any(line.split(" ")[1] == str(mountpoint) for line in f):
-                subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True, check=False)
-        if process.stdout is not None:
-            process.stdout.close()
 
 
 def _timed_out_write(path: Path, data: bytes) -> int:
