@@ -238,7 +238,9 @@ class Lookups(HomeRouting):
         node of a create before that create returns, so the lease is exact). When the home cannot
         answer exactly (unreachable, a node not listed, a staged replica whose validity only its
         source can tell), GMount's search answers instead. This node's own export is always
-        looked at too: a file written straight into it is a holder before a scan tells the home."""
+        looked at too: a file written straight into it is a holder before a scan tells the home.
+        `strict` (unlink, rmdir, rename): PeerUnavailable when the home's backup answers in its
+        place, or when a node could not be asked (the search's own `strict`)."""
         local = await self._local(path)
         now = trio.current_time()
         until = self._negative.until(path)
@@ -252,11 +254,17 @@ class Lookups(HomeRouting):
             self._hits += 1  # a leased listing is as exact as its home: any change elsewhere revokes it
             holders = listed.rows[name]
         else:
+            stood_in_for: str | None = None
             try:
-                reply: IndexLookupReply | None = await self._dir_call(directory,
-                                                                      msg.IndexLookup(directory, name, None))
+                reply: IndexLookupReply | None
+                reply, stood_in_for = await self._dir_call_via(directory, msg.IndexLookup(directory, name, None))
             except PeerUnavailable:
                 reply = None
+            if strict and stood_in_for is not None:
+                # the backup answers from its own listing, not told of changes at the home since:
+                # a change that missed a holder would leave that copy behind (docs/failures.md)
+                raise PeerUnavailable(stood_in_for, f"it did not answer for {directory} and may hold {path}, so "
+                                                    f"the change is refused until it is back (`gmount up`)")
             if reply is None or not reply.complete or reply.pending:
                 self._fallbacks += 1
                 return await self._flood.find_all(path, strict=strict)
