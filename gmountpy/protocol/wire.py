@@ -43,7 +43,8 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 #: 3: attributes carry the holder's device and inode number (`Attr.dev`, `Attr.ino`).
 #: 4: arguments and replies in the forms derived from the message types (gmountpy.protocol.codec):
 #: replies that were maps are arrays, a carried request is one [op, arguments] item.
-VERSION = 4
+#: 5: `settle` (close and fsync settle a file's writes) and `index_owned` (an owner's names to its backup).
+VERSION = 5
 HEADER = struct.Struct(">BI")
 #: A read reply carries at most a few MiB; anything larger is a bug or an attack.
 MAX_FRAME = 16 * 1024 * 1024
