@@ -186,7 +186,7 @@ async def test_remote_oserror_comes_back_with_its_errno() -> None:
         client = await connect(nursery, server.port)
         with pytest.raises(FileNotFoundError) as info:
             await client.call("fail", errno.ENOENT, "no such thing")
-        assert info.value.errno == errno.ENOENT and info.value.strerror == "no such thing"
+        assert info.value.errno == errno.ENOENT and info.value.strerror == "no such thing (on node srv)"
         with pytest.raises(OSError) as info:
             await client.call("fail", errno.EXDEV, "across nodes")
         assert info.value.errno == errno.EXDEV

@@ -105,6 +105,11 @@ class BadRequest(OSError):
         super().__init__(errno.EINVAL, message)
 
 
+def named(message: str, node: str) -> str:
+    """A peer's error message, naming the node it came from unless it already does."""
+    return message if f"node {node}" in message else f"{message} (on node {node})"
+
+
 class RequestTimedOut(PeerUnavailable):
     """No reply within the timeout (ETIMEDOUT). The connection stays up.
 
@@ -194,7 +199,7 @@ class RpcClient:
                 delivered = True
                 return message.result
             if isinstance(message, wire.ErrorReply):
-                raise OSError(message.errno, message.message)
+                raise OSError(message.errno, named(message.message, self.peer))
             raise PeerUnavailable(self.peer, pending.failure or "connection lost")
         finally:
             self._pending.pop(request_id, None)

@@ -70,3 +70,12 @@ def test_a_write_that_fills_another_nodes_disk_reports_exactly_what_landed(clust
         assert os.fstat(fd).st_size == told
     finally:
         os.close(fd)
+
+
+def test_a_put_into_a_full_node_says_which_node_is_full(cluster: LocalCluster) -> None:
+    from gmountpy import Cluster
+
+    with pytest.raises(OSError) as info:
+        Cluster.open(cluster.spec.name).write_bytes("/too-big.bin", b"x" * (2 * DISK_BYTES), on="n2")
+    assert info.value.errno == errno.ENOSPC and "node n2" in str(info.value), info.value
+    assert not (cluster.export("n2") / "too-big.bin").exists()

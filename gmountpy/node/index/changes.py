@@ -105,12 +105,17 @@ class Changes(Lookups):
         none of them after all (a home that thought so would not list them here when they do
         appear, outside the mount)."""
         for parent in reversed(missing):
-            directory, name = split_parent(parent)
-            try:
-                await self._dir_call(directory, msg.IndexDrop(directory, name, [self._peers.me]))
-            except OSError as exc:
-                log.info("could not withdraw the claim on %s at the home of %s: %s", parent, directory, exc)
-                self._owe_home_of(directory)
+            await self._drop_claim(parent)
+
+    async def _drop_claim(self, path: str) -> None:
+        """Tell the home of `path`'s directory that this node does not hold `path` after all (owed
+        to that home when it cannot be told)."""
+        directory, name = split_parent(path)
+        try:
+            await self._dir_call(directory, msg.IndexDrop(directory, name, [self._peers.me]))
+        except OSError as exc:
+            log.info("could not withdraw the claim on %s at the home of %s: %s", path, directory, exc)
+            self._owe_home_of(directory)
 
     async def _keep_record(self, path: str, reply: msg.IndexClaimReply) -> None:
         """The claim of the new directory `path` was taken by a node whose backup is this one: keep
@@ -175,12 +180,7 @@ class Changes(Lookups):
             return
         self._claimed.discard(path)
         cached = self._homes.pop(path)
-        directory, name = split_parent(path)
-        try:
-            await self._dir_call(directory, msg.IndexDrop(directory, name, [self._peers.me]))
-        except OSError as exc:
-            log.info("could not withdraw the claim on %s at the home of %s: %s", path, directory, exc)
-            self._owe_home_of(directory)
+        await self._drop_claim(path)
         if path in self._seeded:  # the mkdir failed here: its seeded index goes (a later one starts anew)
             self._seeded.discard(path)
             own_home = cached if cached is not None else self.homes.central
