@@ -597,8 +597,10 @@ static void after_fork_in_child(void) {
 
 /*
  * The namespace path of (dirfd, path) if it lies in a gmount mount: normalised (no "//",
- * no "."); a ".." anywhere gives up (it may cross a symlink, which only the kernel can
- * resolve). Returns the mount index, or -1 when the call is not ours.
+ * no "."). A relative path's leading ".." steps up the directory it is relative to, whose
+ * path the kernel gave without symlinks (getcwd, /proc/self/fd); any other ".." gives up (it
+ * may follow a symlink, which only the kernel can resolve). Montage's `cd proj && mBackground
+ * ../corr/x.fits` is bypassed this way. Returns the mount index, or -1 when the call is not ours.
  */
 static int resolve(int dirfd, const char *path, char *ns, size_t cap) {
     if (path == NULL || path[0] == '\0')
@@ -607,6 +609,7 @@ static int resolve(int dirfd, const char *path, char *ns, size_t cap) {
     if (path[given - 1] == '/' || (path[given - 1] == '.' && (given == 1 || path[given - 2] == '/')))
         return -1;  /* "name/" or "name/.": the kernel's (a directory is meant, ENOTDIR for a file) */
     char full[PATH_MAX];
+    size_t physical = 0;  /* how much of `full` the kernel gave: a ".." there is its parent */
     if (path[0] == '/') {
         if (strlen(path) >= sizeof(full))
             return -1;
@@ -646,12 +649,14 @@ static int resolve(int dirfd, const char *path, char *ns, size_t cap) {
             if (base[0] != '/')
                 return -1;
         }
+        physical = strlen(base);
         if ((size_t)snprintf(full, sizeof(full), "%s/%s", base, path) >= sizeof(full))
             return -1;
     }
     /* normalise in place */
     char clean[PATH_MAX];
     size_t out = 0;
+    size_t stepped_into = 0;  /* components of the caller's path kept so far */
     for (const char *p = full; *p;) {
         while (*p == '/')
             p++;
@@ -663,13 +668,22 @@ static int resolve(int dirfd, const char *path, char *ns, size_t cap) {
             p = end;
             continue;
         }
-        if (len == 2 && p[0] == '.' && p[1] == '.')
-            return -1;
+        if (len == 2 && p[0] == '.' && p[1] == '.') {
+            if ((size_t)(p - full) < physical || stepped_into > 0 || out == 0)
+                return -1;
+            while (out > 0 && clean[out - 1] != '/')
+                out--;
+            out--;  /* the '/' before the component left */
+            p = end;
+            continue;
+        }
         if (out + 1 + len >= sizeof(clean))
             return -1;
         clean[out++] = '/';
         memcpy(clean + out, p, len);
         out += len;
+        if ((size_t)(p - full) >= physical)
+            stepped_into++;
         p = end;
     }
     clean[out] = '\0';

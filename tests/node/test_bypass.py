@@ -311,6 +311,29 @@ def test_directories_symlinks_and_paths_with_dotdot_go_through_the_mount(cluster
     assert seen["open_mount"] >= 1
 
 
+def test_a_leading_dotdot_from_the_working_directory_is_bypassed(cluster: LocalCluster, tmp_path: Path) -> None:
+    """Montage's recipes run `cd proj && mBackground ... ../corr/x.fits`: the leading ".." steps up
+    the working directory, which the kernel names without symlinks, so those reads and writes go to
+    the export, not through the daemon. A ".." after a name of the caller's path stays the mount's."""
+    top = unique("bp-up")
+    for sub in ("proj", "corr"):
+        (cluster.mount("n1") / top / sub).mkdir(parents=True)
+    (cluster.mount("n1") / top / "in.txt").write_text("input")
+    os.symlink(f"{top}/proj", cluster.mount("n1") / f"{top}-link")
+    stats = tmp_path / "stats"
+    out = job(cluster, "n1", f"/{top}/proj",
+              f"GMOUNT_BYPASS_STATS={stats} sh -c 'cp ../in.txt ../corr/out.txt && cat ../corr/out.txt; exit 0'")
+    assert out == "input"
+    seen = counters(stats)
+    assert tuple(seen.get(key, 0) for key in ("open_direct", "create_direct", "open_mount")) == (2, 1, 0), seen
+    assert (cluster.export("n1") / top / "corr" / "out.txt").read_text() == "input"
+    assert (cluster.mount("n2") / top / "corr" / "out.txt").read_text() == "input"  # close-to-open
+    stats.unlink()
+    out = job(cluster, "n1", f"/{top}/proj", f"GMOUNT_BYPASS_STATS={stats} cat ../../{top}-link/../in.txt")
+    assert out == "input"
+    assert counters(stats).get("open_direct", 0) == 0  # ".." after a name (here a symlink's): the mount's
+
+
 def test_served_off_when_the_cluster_says_bypass_false(tmp_path: Path) -> None:
     require("FUSE", fuse_problem())
     with local_cluster(tmp_path / "c", f"bpoff-{os.getpid()}", {"s": ["a", "b"]}, [],
