@@ -25,7 +25,12 @@ running/slots, then most free slots, then cluster-file order).
 Workflow jobs (make recipes, Snakemake jobs) go through `place_job`: a
 pinned node wins, a job without located inputs stays on the node asked (the
 one make or Snakemake runs on), a node DAG-aware staging planned the job on wins
-when it is a candidate, anything else is `choose_node`'s. The node
+when it is a candidate, anything else is `choose_node`'s. When the caller knows
+the jobs running (the daemon does), a job whose candidates are all full goes to
+a node with a free slot instead (Pwrake's idle workers take remote work): the
+engine already limits its jobs to the slots (make -j), so on a full candidate
+the job would share a CPU while another node idles -- two chains of one site's
+documents, started together by make, otherwise run at half speed on one node. The node
 daemon answers make and the Snakemake executor with it, and `gmount plan`
 predicts a run with it.
 """
@@ -173,14 +178,16 @@ class JobPlacement:
 
 
 def place_job(holdings: Holdings, nodes: Sequence[str], *, asked: str, slots: Mapping[str, int],
-              rtt: Callable[[str, str], float], pin: str = "", planned: str = "") -> JobPlacement:
+              rtt: Callable[[str, str], float], pin: str = "", planned: str = "",
+              running: Mapping[str, int] | None = None) -> JobPlacement:
     """The node for a workflow job with inputs held as `holdings` says, asked from node `asked`.
 
     `pin` (a node the job names) wins; a job with no located input stays on `asked`; then
     `planned` (the node DAG-aware staging planned the job on, `gmountpy.jobs.prestage`) if it is a
     candidate under the rule (at least half the best node's bytes: its staged replicas count for
-    it); otherwise `choose_node` decides, with no jobs counted as running (the asking workflow
-    engine keeps its own job limit).
+    it); otherwise `choose_node` decides. `running` (jobs running per node, None: not known) lets a
+    free slot win: when the node chosen so has none and another node has one, the job goes to the
+    free node that holds the most of its inputs rather than wait for, or share, a busy one.
     """
     if pin:
         if pin not in nodes:
@@ -191,14 +198,29 @@ def place_job(holdings: Holdings, nodes: Sequence[str], *, asked: str, slots: Ma
             raise ValueError(f"`asked` is {asked!r}, which is not a node")
         node, reason = asked, f"no located inputs: the node asked ({asked})"
     else:
-        decision = choose_node(holdings, nodes, slots=slots, running={}, rtt=rtt)
+        busy = running or {}
+        decision = choose_node(holdings, nodes, slots=slots, running=busy, rtt=rtt)
         node, reason = decision.node, decision.reason
-        if planned and planned != node and planned in decision.candidates:
+        if planned and planned != node and planned in decision.candidates and \
+                (running is None or _free(planned, slots, busy) > 0 or _free(node, slots, busy) <= 0):
             node = planned
             reason = (f"planned by DAG-aware staging: holds {decision.scores[planned]} of the input bytes, "
                       f"a candidate (the rule alone: {decision.node})")
+        if running is not None and _free(node, slots, busy) <= 0:
+            idle = [n for n in nodes if _free(n, slots, busy) > 0]
+            if idle:
+                order = {n: i for i, n in enumerate(nodes)}
+                spill = min(idle, key=lambda n: (decision.remote_cost[n], -decision.scores[n],
+                                                 busy.get(n, 0) / max(slots.get(n, 1), 1), order[n]))
+                reason = (f"{node} holds the most input bytes but runs {busy.get(node, 0)} jobs on "
+                          f"{slots.get(node, 1)} slots: {spill} has a free slot and reads the rest remotely")
+                node = spill
     local, remote = input_bytes(holdings, node)
     return JobPlacement(node, reason, local, remote)
+
+
+def _free(node: str, slots: Mapping[str, int], running: Mapping[str, int]) -> int:
+    return slots.get(node, 1) - running.get(node, 0)
 
 
 def input_bytes(holdings: Holdings, node: str) -> tuple[int, int]:

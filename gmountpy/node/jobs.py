@@ -9,6 +9,11 @@ and the wrapper (make's C `gmount-job`, the Snakemake executor) only runs
 the job where it is told. The rule is Pwrake's (`gmountpy.jobs.placement`,
 docs/design.md "Placement"); a job without located inputs stays on the node
 asked (make's own node): `gmountpy.jobs.placement.place_job`, which `gmount plan` uses too.
+
+The placer also counts the jobs running on each node -- those the wrappers
+registered on this machine (`gmountpy.cluster.registry`) and those it placed
+a moment ago whose registration has not been seen yet -- so that a job whose
+data sits on a full node goes to one with a free slot (`place_job`'s `running`).
 """
 
 from __future__ import annotations
@@ -19,15 +24,19 @@ import posixpath
 import socket
 import stat
 import struct
+import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import trio
 
 from .._trio import open_nursery
+from ..cluster import registry
 from ..cluster.config import ClusterSpec
 from ..cluster.jobsocket import MAGIC, MAX_MESSAGE
 from ..cluster.overlay import Overlay
 from ..jobs.placement import place_job
+from .export import off_loop
 from .locator import Location
 from .namespace import MergedListing
 
@@ -37,6 +46,15 @@ log = logging.getLogger(__name__)
 REQUEST_TIMEOUT = 30.0
 #: Symbolic links followed in a row for one input (as the kernel's limit, smaller).
 MAX_LINKS = 8
+#: Seconds a placement counts as a running job on its node before the wrapper's registration of
+#: it is seen (registration follows the reply within milliseconds; a job that ended sooner
+#: leaves its placement counted this long at most).
+RESERVATION_SECONDS = 2.0
+#: Registrations started this long before a placement may still be that placement's (clock steps).
+CLOCK_SLACK = 0.05
+
+#: The jobs running on this machine for a cluster: registry rows (node, started, pid, ...).
+RunningJobs = Callable[[str], list[dict[str, Any]]]
 
 
 class NamespaceView(Protocol):
@@ -51,8 +69,15 @@ class JobPlacer:
     """Answers placement requests for the daemon of node `me`."""
 
     def __init__(self, me: str, spec: ClusterSpec, overlay: Overlay, namespace: NamespaceView,
-                 mountpoint_real: str | None = None) -> None:
+                 mountpoint_real: str | None = None, running_jobs: RunningJobs = registry.running,
+                 clock: Callable[[], float] = time.time) -> None:
         self.me = me
+        self.running_jobs = running_jobs
+        self.clock = clock
+        #: placements not yet matched by a registration: (wall time, node)
+        self._placed: list[tuple[float, str]] = []
+        #: registrations already matched to a placement: (pid, started)
+        self._matched: set[tuple[int, float]] = set()
         self.spec = spec
         self.overlay = overlay
         self.namespace = namespace
@@ -98,15 +123,41 @@ class JobPlacer:
             if found is not None and found not in paths:
                 paths.append(found)
         holdings = await self.holdings(paths)
+        rows = await off_loop(self.running_jobs, self.spec.name)
+        # from here to the reservation, no await: requests answered together see each other's jobs
         placed = place_job(holdings, self.nodes, asked=self.me, slots=self.slots, rtt=self.overlay.rtt, pin=pin,
-                           planned=planned)
+                           planned=planned, running=self.running(rows))
         node = placed.node
+        self._placed.append((self.clock(), node))
         remote_node = self.is_remote(node)
         return {"node": node, "site": self.spec.node(node).site, "cluster": self.spec.name, "make_node": self.me,
                 "cwd": directory, "remote": "1" if remote_node else "0",
                 "dir": "" if remote_node else posixpath.join(self.spec.node(node).mountpoint, directory.lstrip("/")),
                 "reason": placed.reason, "inputs": str(len(holdings)), "bytes_local": str(placed.bytes_local),
                 "bytes_remote": str(placed.bytes_remote)}
+
+    def running(self, rows: list[dict[str, Any]]) -> dict[str, int]:
+        """Jobs running per node: the registrations `rows` (registry.running) plus this placer's recent
+        placements that no registration matches yet (a registration on the same node, started after it)."""
+        now = self.clock()
+        self._placed = [(at, node) for at, node in self._placed if now - at < RESERVATION_SECONDS]
+        counts: dict[str, int] = {}
+        live: set[tuple[int, float]] = set()
+        for row in sorted(rows, key=lambda r: float(r["started"])):
+            node, key = str(row["node"]), (int(row["pid"]), float(row["started"]))
+            counts[node] = counts.get(node, 0) + 1
+            live.add(key)
+            if key in self._matched:
+                continue
+            for i, (at, placed_on) in enumerate(self._placed):
+                if placed_on == node and at <= key[1] + CLOCK_SLACK:
+                    del self._placed[i]
+                    self._matched.add(key)
+                    break
+        self._matched &= live  # ended jobs cannot match again
+        for _, node in self._placed:
+            counts[node] = counts.get(node, 0) + 1
+        return counts
 
     async def holdings(self, paths: list[str]) -> dict[str, dict[str, int]]:
         """holdings[namespace path][node] = bytes, as `place_job` takes them, asked all at once.

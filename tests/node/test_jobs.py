@@ -67,6 +67,38 @@ async def test_place_scores_inputs_as_the_placement_rule_does(tmp_path: Path) ->
 
 
 @trio_test
+async def test_place_counts_running_jobs_and_sends_the_next_to_a_free_slot(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path) as cluster:
+        cluster["n3"].put("wf/b.txt", b"b" * 1000)
+        registered: list[dict[str, object]] = []
+        now = [1000.0]
+        node = cluster["n1"]
+        jobs = JobPlacer("n1", cluster.spec, cluster.overlay, node.namespace,  # type: ignore[attr-defined]
+                         running_jobs=lambda name: list(registered), clock=lambda: now[0])
+        cwd = f"{mount(cluster, 'n1')}/wf"
+        assert cluster.spec.node("n3").slots == 2  # type: ignore[attr-defined]
+        # two requests answered together fill n3's two slots before either job registered
+        async with trio.open_nursery() as nursery:
+            for _ in range(2):
+                nursery.start_soon(jobs.place, cwd, ["b.txt"])
+        assert jobs.running([]) == {"n3": 2}
+        third = await jobs.place(cwd, ["b.txt"])
+        assert third["node"] != "n3" and third["bytes_remote"] == "1000"
+        assert third["reason"].startswith("n3 holds the most input bytes but runs 2 jobs on 2 slots")
+        # the wrappers register the jobs: each registration stands for its placement, not beside it
+        registered += [{"node": "n3", "pid": 10 + i, "started": now[0] + 0.01} for i in range(2)]
+        registered.append({"node": third["node"], "pid": 12, "started": now[0] + 0.01})
+        now[0] += 0.5
+        assert jobs.running(list(registered)) == {"n3": 2, third["node"]: 1}
+        # one n3 job ends: the next job on b.txt runs on n3 again
+        del registered[0]
+        assert (await jobs.place(cwd, ["b.txt"]))["node"] == "n3"
+        # a placement whose job ended before it was seen counts for a moment only
+        now[0] += 5.0
+        assert jobs.running(list(registered)) == {"n3": 1, third["node"]: 1}
+
+
+@trio_test
 async def test_place_resolves_paths_directories_and_links(tmp_path: Path) -> None:
     async with open_cluster(tmp_path) as cluster:
         cluster["n2"].put("data/run/x.bin", b"x" * 300)
