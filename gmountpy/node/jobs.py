@@ -10,10 +10,12 @@ the job where it is told. The rule is Pwrake's (`gmountpy.jobs.placement`,
 docs/design.md "Placement"); a job without located inputs stays on the node
 asked (make's own node): `gmountpy.jobs.placement.place_job`, which `gmount plan` uses too.
 
-The placer also counts the jobs running on each node -- those the wrappers
-registered on this machine (`gmountpy.cluster.registry`) and those it placed
-a moment ago whose registration has not been seen yet -- so that a job whose
-data sits on a full node goes to one with a free slot (`place_job`'s `running`).
+The placer also counts the jobs running on each node, so that a job whose data
+sits on a full node goes to one with a free slot (`place_job`'s `running`): a
+job it placed for make's `gmount-job` runs as long as that client process
+lives (it waits for its recipe), known from the socket's peer credentials the
+moment it is placed; other jobs (Snakemake's, the API's) from the registrations
+on this machine (`gmountpy.cluster.registry`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import posixpath
 import socket
 import stat
 import struct
-import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -46,15 +47,13 @@ log = logging.getLogger(__name__)
 REQUEST_TIMEOUT = 30.0
 #: Symbolic links followed in a row for one input (as the kernel's limit, smaller).
 MAX_LINKS = 8
-#: Seconds a placement counts as a running job on its node before the wrapper's registration of
-#: it is seen (registration follows the reply within milliseconds; a job that ended sooner
-#: leaves its placement counted this long at most).
-RESERVATION_SECONDS = 2.0
-#: Registrations started this long before a placement may still be that placement's (clock steps).
-CLOCK_SLACK = 0.05
+#: The client program whose process lives exactly as long as the job it asked for (make's wrapper).
+JOB_CLIENT = "gmount-job"
 
-#: The jobs running on this machine for a cluster: registry rows (node, started, pid, ...).
+#: The jobs running on this machine for a cluster: registry rows (node, kind, pid, ...).
 RunningJobs = Callable[[str], list[dict[str, Any]]]
+#: A process as (pid, start time in clock ticks since boot).
+Process = tuple[int, int]
 
 
 class NamespaceView(Protocol):
@@ -70,14 +69,12 @@ class JobPlacer:
 
     def __init__(self, me: str, spec: ClusterSpec, overlay: Overlay, namespace: NamespaceView,
                  mountpoint_real: str | None = None, running_jobs: RunningJobs = registry.running,
-                 clock: Callable[[], float] = time.time) -> None:
+                 alive: Callable[[Process], bool] = lambda p: registry.process_start(p[0]) == p[1]) -> None:
         self.me = me
         self.running_jobs = running_jobs
-        self.clock = clock
-        #: placements not yet matched by a registration: (wall time, node)
-        self._placed: list[tuple[float, str]] = []
-        #: registrations already matched to a placement: (pid, started)
-        self._matched: set[tuple[int, float]] = set()
+        self.alive = alive
+        #: jobs placed for a gmount-job client still running: its process -> the node
+        self._held: dict[Process, str] = {}
         self.spec = spec
         self.overlay = overlay
         self.namespace = namespace
@@ -104,9 +101,11 @@ class JobPlacer:
         """Whether `node`'s mount is on another machine (jobs reach it over SSH)."""
         return node != self.me and self.spec.launcher == "ssh"
 
-    async def place(self, cwd: str, inputs: list[str], pin: str = "", planned: str = "") -> dict[str, str]:
+    async def place(self, cwd: str, inputs: list[str], pin: str = "", planned: str = "",
+                    client: Process | None = None) -> dict[str, str]:
         """The reply to one request (`gmountpy.cluster.jobsocket.REPLY_KEYS`); `planned`: the node DAG-aware
-        staging planned the job on (`gmountpy.jobs.prestage`), taken if the rule counts it a candidate."""
+        staging planned the job on (`gmountpy.jobs.prestage`), taken if the rule counts it a candidate;
+        `client`: the gmount-job process that asked, which runs the job until it ends."""
         self.requests += 1
         directory = self._namespace_path(posixpath.normpath(cwd)) if cwd.startswith("/") else None
         if directory is None:
@@ -124,11 +123,12 @@ class JobPlacer:
                 paths.append(found)
         holdings = await self.holdings(paths)
         rows = await off_loop(self.running_jobs, self.spec.name)
-        # from here to the reservation, no await: requests answered together see each other's jobs
+        # from here to holding the job, no await: requests answered together see each other's jobs
         placed = place_job(holdings, self.nodes, asked=self.me, slots=self.slots, rtt=self.overlay.rtt, pin=pin,
                            planned=planned, running=self.running(rows))
         node = placed.node
-        self._placed.append((self.clock(), node))
+        if client is not None:
+            self._held[client] = node
         remote_node = self.is_remote(node)
         return {"node": node, "site": self.spec.node(node).site, "cluster": self.spec.name, "make_node": self.me,
                 "cwd": directory, "remote": "1" if remote_node else "0",
@@ -137,26 +137,15 @@ class JobPlacer:
                 "bytes_remote": str(placed.bytes_remote)}
 
     def running(self, rows: list[dict[str, Any]]) -> dict[str, int]:
-        """Jobs running per node: the registrations `rows` (registry.running) plus this placer's recent
-        placements that no registration matches yet (a registration on the same node, started after it)."""
-        now = self.clock()
-        self._placed = [(at, node) for at, node in self._placed if now - at < RESERVATION_SECONDS]
+        """Jobs running per node: those placed for gmount-job clients that still run, and the
+        registrations `rows` (registry.running) of other starters (make's are the clients counted)."""
+        self._held = {client: node for client, node in self._held.items() if self.alive(client)}
         counts: dict[str, int] = {}
-        live: set[tuple[int, float]] = set()
-        for row in sorted(rows, key=lambda r: float(r["started"])):
-            node, key = str(row["node"]), (int(row["pid"]), float(row["started"]))
+        for node in self._held.values():
             counts[node] = counts.get(node, 0) + 1
-            live.add(key)
-            if key in self._matched:
-                continue
-            for i, (at, placed_on) in enumerate(self._placed):
-                if placed_on == node and at <= key[1] + CLOCK_SLACK:
-                    del self._placed[i]
-                    self._matched.add(key)
-                    break
-        self._matched &= live  # ended jobs cannot match again
-        for _, node in self._placed:
-            counts[node] = counts.get(node, 0) + 1
+        for row in rows:
+            if row.get("kind") != "make":
+                counts[str(row["node"])] = counts.get(str(row["node"]), 0) + 1
         return counts
 
     async def holdings(self, paths: list[str]) -> dict[str, dict[str, int]]:
@@ -246,8 +235,26 @@ def prepare_directory(directory: str) -> str | None:
 
 
 def peer_uid(sock: trio.socket.SocketType) -> int:
+    return peer_credentials(sock)[1]
+
+
+def peer_credentials(sock: trio.socket.SocketType) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end of a unix socket."""
     pid_uid_gid = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", pid_uid_gid)[1])
+    pid, uid, _ = struct.unpack("3i", pid_uid_gid)
+    return int(pid), int(uid)
+
+
+def job_client(pid: int) -> Process | None:
+    """The process `pid` as a key while it runs, if it is make's gmount-job (which lives as long as the
+    job it asks for); None for any other client (the Snakemake executor asks for many jobs)."""
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            name = f.read().strip()
+    except OSError:
+        return None
+    started = registry.process_start(pid)
+    return (pid, started) if name == os.fsencode(JOB_CLIENT) and started is not None else None
 
 
 def encode_reply(reply: dict[str, str] | None, error: str = "") -> bytes:
@@ -338,7 +345,7 @@ def write_card(placer: JobPlacer, socket_file: str) -> str:
 
 
 async def _answer(placer: JobPlacer, stream: trio.SocketStream) -> None:
-    uid = peer_uid(stream.socket)
+    pid, uid = peer_credentials(stream.socket)
     if uid != os.geteuid():
         await stream.send_all(encode_reply(None, f"node {placer.me} places jobs for uid {os.geteuid()} only"))
         return
@@ -358,7 +365,8 @@ async def _answer(placer: JobPlacer, stream: trio.SocketStream) -> None:
         return
     try:
         cwd, pin, planned, inputs = decode_request(b"".join(chunks))
-        reply = encode_reply(await placer.place(cwd, inputs, pin, planned))
+        client = await off_loop(job_client, pid) if pid > 0 else None
+        reply = encode_reply(await placer.place(cwd, inputs, pin, planned, client))
     except ValueError as exc:
         reply = encode_reply(None, f"node {placer.me}: {exc}")
     except Exception as exc:  # never take the daemon down for one request: say what happened

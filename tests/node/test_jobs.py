@@ -71,31 +71,37 @@ async def test_place_counts_running_jobs_and_sends_the_next_to_a_free_slot(tmp_p
     async with open_cluster(tmp_path) as cluster:
         cluster["n3"].put("wf/b.txt", b"b" * 1000)
         registered: list[dict[str, object]] = []
-        now = [1000.0]
+        running: set[tuple[int, int]] = set()
         node = cluster["n1"]
         jobs = JobPlacer("n1", cluster.spec, cluster.overlay, node.namespace,  # type: ignore[attr-defined]
-                         running_jobs=lambda name: list(registered), clock=lambda: now[0])
+                         running_jobs=lambda name: list(registered), alive=lambda client: client in running)
         cwd = f"{mount(cluster, 'n1')}/wf"
         assert cluster.spec.node("n3").slots == 2  # type: ignore[attr-defined]
-        # two requests answered together fill n3's two slots before either job registered
+        # two gmount-job clients answered together fill n3's two slots
+        running |= {(10, 1), (11, 1)}
         async with trio.open_nursery() as nursery:
-            for _ in range(2):
-                nursery.start_soon(jobs.place, cwd, ["b.txt"])
+            for pid in (10, 11):
+                nursery.start_soon(jobs.place, cwd, ["b.txt"], "", "", (pid, 1))
         assert jobs.running([]) == {"n3": 2}
-        third = await jobs.place(cwd, ["b.txt"])
+        running.add((12, 1))
+        third = await jobs.place(cwd, ["b.txt"], client=(12, 1))
         assert third["node"] != "n3" and third["bytes_remote"] == "1000"
         assert third["reason"].startswith("n3 holds the most input bytes but runs 2 jobs on 2 slots")
-        # the wrappers register the jobs: each registration stands for its placement, not beside it
-        registered += [{"node": "n3", "pid": 10 + i, "started": now[0] + 0.01} for i in range(2)]
-        registered.append({"node": third["node"], "pid": 12, "started": now[0] + 0.01})
-        now[0] += 0.5
-        assert jobs.running(list(registered)) == {"n3": 2, third["node"]: 1}
-        # one n3 job ends: the next job on b.txt runs on n3 again
-        del registered[0]
+        # their own registrations (kind make) do not count twice; another starter's job does
+        registered += [{"node": "n3", "pid": 20, "kind": "make"}, {"node": "n2", "pid": 21, "kind": "snakemake"}]
+        assert jobs.running(list(registered)) == {"n3": 2, third["node"]: 1, "n2": 1}
+        # one n3 job ends (its gmount-job exits): the next job on b.txt runs on n3 again
+        running.discard((10, 1))
         assert (await jobs.place(cwd, ["b.txt"]))["node"] == "n3"
-        # a placement whose job ended before it was seen counts for a moment only
-        now[0] += 5.0
-        assert jobs.running(list(registered)) == {"n3": 1, third["node"]: 1}
+        # a client that is not a gmount-job (None) is not held: the Snakemake executor asks for many jobs
+        assert jobs.running([]) == {"n3": 1, third["node"]: 1}
+
+
+def test_job_clients_are_gmount_job_processes_only() -> None:
+    from gmountpy.node.jobs import job_client
+
+    assert job_client(os.getpid()) is None  # python, not gmount-job
+    assert job_client(2**22 + 12345) is None  # no such process
 
 
 @trio_test
