@@ -455,7 +455,9 @@ async def _every_op(state: ClusterState, exports: dict[str, Path], ca: ClusterCA
         assert await n1.ask(msg.Fsync(opened.handle, False)) is None
         assert (await n1.ask(msg.Fstat(opened.handle))).size == 9
         assert (await n1.ask(msg.Ftruncate(opened.handle, 3))).size == 3
-        assert await n1.ask(msg.Close(opened.handle)) is None
+        settled = await n1.ask(msg.Settle(opened.handle))  # the same open file under a new number
+        assert settled != opened.handle and (await n1.ask(msg.Fstat(settled))).size == 3
+        assert await n1.ask(msg.Close(settled)) is None
 
         assert (await n1.ask(msg.Truncate("/data/p.txt", 1))).size == 1
         assert (await n1.ask(msg.Utimens("/data/p.txt", None, 10**18))).mtime_ns == 10**18

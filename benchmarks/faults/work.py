@@ -506,7 +506,10 @@ class Appender(Worker):
     every write the bytes on n4's disk must be exactly those the writes reported: a short write at a full
     disk says how much landed, an error that nothing did (else a program that retries the rest of an
     O_APPEND write duplicates data). After an error under another fault (the holder killed, the network
-    cut), whether the bytes landed is not said: the appender then takes the disk's word for it."""
+    cut), whether the bytes landed is not said: the appender then closes the file -- once close(2) has
+    returned without error every write made through it has landed or never will (docs/failures.md) -- and
+    takes the disk's word for it. A close that fails leaves that unknown, for good: the part is checked up
+    to what the appender knew and it goes on in a new one."""
 
     LIMIT = 48 << 20  # then a new file (the disk is small)
 
@@ -550,6 +553,10 @@ class Appender(Worker):
         op = Op("append", self.node, start, time.time(), writes_on=(FULL_NODE,))
         if error is not None:
             op.error, op.errnos = f"{type(error).__name__}: {error}", errnos_of_exception(error)
+            if not self._close():  # its writes are not settled: the disk may still change
+                self.ledger.record(op)
+                self._give_up_part()
+                return
         on_disk = os.stat(self.cluster.export(FULL_NODE) / self.path).st_size
         if on_disk == self.size + told:
             self.size = on_disk
@@ -557,32 +564,56 @@ class Appender(Worker):
         else:
             what = (f"append of {len(piece)} B to {self.path} through {self.node}: "
                     + (f"told {told} B" if error is None else f"failed ({error.strerror})")
-                    + f", n4's disk got {on_disk - self.size} B")
+                    + f", n4's disk got {on_disk - self.size} B"
+                    + ("" if error is None else " after the close"))
             if error is not None and error.errno != errno.ENOSPC:
-                op.unless_fault = what  # a lost reply: the bytes may or may not have landed
+                op.unless_fault = what  # a lost reply: the bytes may or may not have landed (settled by now)
             else:
                 op.wrong = what
             self._resync()
         self.ledger.record(op)
-        if error is not None or self.size >= self.LIMIT:
-            self._close()
+        if self.size >= self.LIMIT:
+            if self._close():
+                self._next_part()
+            else:
+                self._give_up_part()
 
     def _resync(self) -> None:
         """Take the disk's word: the file's contents as they are on n4."""
         data = (self.cluster.export(FULL_NODE) / self.path).read_bytes()
         self.size, self.digest = len(data), hashlib.sha256(data)
 
-    def _close(self) -> None:
-        if self.fd is not None:
-            try:
-                os.close(self.fd)
-            except OSError:
-                pass
-            self.fd = None
-        if self.size >= self.LIMIT:
-            self.finish()
-            self.part += 1
-            self.size, self.digest = 0, hashlib.sha256()
+    def _close(self) -> bool:
+        """Close the file; False if close failed (recorded): whether its writes landed is unknown."""
+        if self.fd is None:
+            return True
+        fd, self.fd = self.fd, None
+        start = time.time()
+        try:
+            os.close(fd)
+        except OSError as exc:
+            self.ledger.record(Op("close", self.node, start, time.time(), writes_on=(FULL_NODE,),
+                                  error=f"{type(exc).__name__}: {exc}", errnos=errnos_of_exception(exc)))
+            return False
+        return True
+
+    def _next_part(self) -> None:
+        self.finish()
+        self.part += 1
+        self.size, self.digest = 0, hashlib.sha256()
+
+    def _give_up_part(self) -> None:
+        """A close failed: a write may still land at the end of this part. What the appender knew of it
+        must be there, unchanged; then it goes on in a new part."""
+        start = time.time()
+        data = (self.cluster.export(FULL_NODE) / self.path).read_bytes()
+        op = Op("append-check", self.node, start, time.time(), writes_on=(FULL_NODE,))
+        if len(data) < self.size or hashlib.sha256(data[:self.size]).hexdigest() != self.digest.hexdigest():
+            op.wrong = (f"{self.path} after a failed close: its first {self.size} B, whose appends had been "
+                        f"told, are not those bytes on n4's disk ({len(data)} B there)")
+        self.ledger.record(op)
+        self.part += 1
+        self.size, self.digest = 0, hashlib.sha256()
 
     def finish(self) -> None:
         if self.fd is not None:

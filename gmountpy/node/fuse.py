@@ -565,7 +565,11 @@ class GmountOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def flush(self, fh: int) -> None:
-        pass  # writes go straight to the holder; nothing is buffered here
+        # Writes go straight to the holder, nothing is buffered here; but a write that got no reply
+        # is settled, so that close(2) returning means every write has landed or never will.
+        handle = self._files.get(fh)
+        if handle is not None:
+            await self.ns.flush(handle)
 
     @_fuse_errors
     async def fsync(self, fh: int, datasync: bool) -> None:

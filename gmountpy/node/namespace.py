@@ -65,6 +65,7 @@ class FileHandle:
     wrote: bool = False
     reader: ReadAhead | None = None  # sequential read-ahead, remote handles only
     created: bool = False        # made by this open (O_CREAT of a new name), not an existing file
+    unsettled: str | None = None  # a write sent to the holder whose outcome is not known: which, and why
 
     @property
     def remote_handle(self) -> int:
@@ -381,21 +382,45 @@ class Namespace:
         view = memoryview(data)
         while written < len(data):
             piece = bytes(view[written:written + MAX_IO])
+            answered = False
             try:
                 wrote = await self.peers.ask(handle.node, msg.Write(handle.remote_handle, offset + written, piece))
-            except OSError:
+                answered = True
+            except OSError as exc:
+                answered = not isinstance(exc, PeerUnavailable)  # the holder's own error: nothing pending
                 if written:
                     return written  # a short write (POSIX): what landed, not an error -- a retry must not repeat it
                 raise
+            finally:
+                if not answered:  # no reply (timed out, connection lost, cancelled): it may land later
+                    handle.unsettled = (f"a write of {len(piece)} B at offset {offset + written} of {handle.path} "
+                                        f"got no reply from node {handle.node}")
             written += wrote
             if wrote < len(piece):
                 break  # the holder wrote less (a full disk): say so, as write(2) would
         return written
 
+    async def flush(self, handle: FileHandle, call: str = "close") -> None:
+        """close(2) of a descriptor (and fsync): when it returns, every write made through the handle has
+        landed at the holder or never will (docs/failures.md). Free unless a write got no reply: then the
+        holder is asked to settle the handle (one round trip), and if it cannot be asked, this fails with EIO."""
+        if handle.unsettled is None or handle.fd is not None:
+            return
+        try:
+            await self.peers.ask(handle.node, msg.Settle(handle.remote_handle))
+        except OSError as exc:
+            message = (f"{call} of {handle.path}: {handle.unsettled}, and node {handle.node} could not be asked to "
+                       f"settle it ({exc.strerror or exc}): whether that write landed is unknown, and it may "
+                       "still land later; check the file once the node answers")
+            log.warning("%s", message)
+            raise OSError(errno.EIO, message) from None
+        handle.unsettled = None
+
     async def fsync(self, handle: FileHandle, datasync: bool) -> None:
         if handle.fd is not None:
             await off_loop(os.fdatasync if datasync else os.fsync, handle.fd)
         else:
+            await self.flush(handle, "fsync")  # a write without reply lands (or never will) before the sync
             await self.peers.ask(handle.node, msg.Fsync(handle.remote_handle, datasync))
 
     async def fstat(self, handle: FileHandle) -> Attr:

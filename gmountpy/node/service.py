@@ -42,7 +42,7 @@ MAX_IO = msg.MAX_IO
 LISTDIR_MAX = 50_000
 #: Operations that take a connection's handle table as their first argument.
 HANDLE_OPS = frozenset({"open", "read", "write", "fsync", "fstat", "close", "ftruncate", "opendir", "readdir",
-                        "closedir", "put_open", "put_close", "put_abort"})
+                        "closedir", "put_open", "put_close", "put_abort", "settle"})
 #: Operations kept on the event loop: answered from memory, or one syscall on one entry
 #: (an lstat, a readlink) that costs ~3 us where a thread hop costs 100-200 us, and a
 #: lookup is the most frequent request there is. Everything else that touches the
@@ -87,7 +87,8 @@ class _Handles:
     Reads and writes run in worker threads, so a peer may close a handle (after
     its own timeout) while a call on it is still running: the descriptor is then
     closed when that call returns, never under it (its number could be reused by
-    the next open, and the call would touch another file).
+    the next open, and the call would touch another file). Calls are counted by
+    descriptor: `settle` gives one descriptor a new handle number.
     """
 
     def __init__(self, usage: _NodeUsage | None = None) -> None:
@@ -96,34 +97,52 @@ class _Handles:
         self.puts: dict[int, _Put] = {}  # put handle -> what it writes
         self.next = 1
         self.usage = usage or _NodeUsage("this node", Tuning())
-        self._busy: dict[int, int] = {}      # handle -> calls running on it
-        self._closing: dict[int, int] = {}   # handle -> fd to close when its last call returns
+        self._busy: dict[int, int] = {}          # fd -> calls running on it
+        self._closing: set[int] = set()          # fds to close when their last call returns
+        self._idle: dict[int, trio.Event] = {}   # fd -> set when its last call returns (a settle waits)
 
     @contextmanager
     def using(self, handle: int) -> Iterator[int]:
-        fd = self.get(handle)
-        self._busy[handle] = self._busy.get(handle, 0) + 1
+        fd = self.get(handle)  # and counted at once, with no checkpoint between: a settle sees it
+        self._busy[fd] = self._busy.get(fd, 0) + 1
         try:
             yield fd
         finally:
-            left = self._busy[handle] - 1
+            left = self._busy[fd] - 1
             if left:
-                self._busy[handle] = left
+                self._busy[fd] = left
             else:
-                del self._busy[handle]
-                if handle in self._closing:
-                    os.close(self._closing.pop(handle))
+                del self._busy[fd]
+                idle = self._idle.pop(fd, None)
+                if idle is not None:
+                    idle.set()
+                if fd in self._closing:
+                    self._closing.discard(fd)
+                    os.close(fd)
 
     def close(self, handle: int) -> None:
         fd = self.remove(handle)
-        if handle in self._busy:
-            self._closing[handle] = fd
+        if fd in self._busy:
+            self._closing.add(fd)
         else:
             os.close(fd)
 
-    def calls_running(self, handle: int) -> int:
-        """Calls on `handle` running now (in a worker thread, or waiting for one)."""
-        return self._busy.get(handle, 0)
+    async def settle(self, handle: int) -> int:
+        """Retire `handle`: its open file gets a new number, returned once every call begun on the old one
+        has returned. A call on the old number that has not begun yet is refused (EBADF, see `get`), so
+        when this returns, whatever the peer sent on that number has been carried out or never will be."""
+        fd = self.get(handle)
+        del self.fds[handle]
+        renewed = self.next
+        self.next += 1
+        self.fds[renewed] = fd
+        while fd in self._busy:
+            await self._idle.setdefault(fd, trio.Event()).wait()
+        return renewed
+
+    def calls_running(self, fd: int) -> int:
+        """Calls on descriptor `fd` running now (in a worker thread, or waiting for one)."""
+        return self._busy.get(fd, 0)
 
     def check_room_for_file(self) -> None:
         """EMFILE naming the limit, before anything is opened."""
@@ -572,6 +591,17 @@ class NodeService:
     def op_close(self, handles: _Handles, request: msg.Close) -> None:
         handles.close(request.handle)
 
+    async def op_settle(self, handles: _Handles, request: msg.Settle) -> int:
+        """After a write whose reply the peer did not get: let it land or never land, then answer."""
+        if request.handle in handles.puts:
+            raise OSError(errno.EINVAL, f"handle {request.handle} is a put's: put_close or put_abort ends it")
+        started = trio.current_time()
+        renewed = await handles.settle(request.handle)
+        if trio.current_time() - started > 1.0:
+            log.info("node %s settled a handle after %.1f s of calls still running on it", self.usage.node,
+                     trio.current_time() - started)
+        return renewed
+
     # -- whole files written from outside the mount (library API, fsspec, Snakemake storage) ----
     #
     # put_open makes a hidden temporary file beside the destination (parents made
@@ -611,7 +641,7 @@ class NodeService:
         try:
             with handles.using(handle) as fd:
                 handles.close(handle)  # no call may start on it now; closed when the last one returns
-                if handles.calls_running(handle) > 1:
+                if handles.calls_running(fd) > 1:
                     raise OSError(errno.EBUSY, f"{put.path}: writes to it are still running on node "
                                                f"{self.usage.node}; write it again")
                 written, digest = await off_loop(sync_and_hash, fd)

@@ -21,6 +21,9 @@ whose connection has closed since (it broke, or the node was restarted) fails
 with EIO saying so. It never reaches the node, where the same number may name
 another file by now, opened on the new connection. Letting go of such a handle
 (`close`, `closedir`, `put_abort`) succeeds at once: the node did it already.
+A `settle` gives the open file a new number on the node; the client's handle
+stays the same and names the new number from then on (a request sent on the
+old number meanwhile, refused with EBADF, is sent again on the new one).
 
 `call`/`ask` and `run_sync` are the short forms for one request from
 synchronous code (a short-lived trio run per call).
@@ -41,7 +44,21 @@ from .._trio import open_nursery
 from ..cluster.state import ClusterState, load_secret, load_tls, load_tls_ca_key, load_tls_client
 from ..errors import GmountError, NodeUnavailable, PeerUnavailable
 from . import rpc
-from .messages import REQUESTS, Close, Closedir, Open, Opendir, Ping, PingReply, PutAbort, PutClose, PutOpen, R, Request
+from .messages import (
+    REQUESTS,
+    Close,
+    Closedir,
+    Open,
+    Opendir,
+    Ping,
+    PingReply,
+    PutAbort,
+    PutClose,
+    PutOpen,
+    R,
+    Request,
+    Settle,
+)
 from .tls import ClusterCA, NodeCredentials, client_context, expiring
 
 __all__ = ["ClusterClient", "ask", "call", "client_ssl", "open_client", "ping_all", "run_sync"]
@@ -65,10 +82,14 @@ def _release_put(reply: Any) -> tuple[str, list[Any]]:
     return PutAbort.op, PutAbort(PutOpen("/", 0).reply_codec().decode(reply)).to_wire()
 
 
+def _release_settled(reply: Any) -> tuple[str, list[Any]]:
+    return Close.op, Close(Settle(0).reply_codec().decode(reply)).to_wire()
+
+
 #: Requests that leave a handle on the node, and the request that lets go of it when their
 #: reply comes too late for its caller.
 LATE_REPLY_RELEASES: dict[str, rpc.Release] = {
-    Open.op: _release_open, Opendir.op: _release_opendir, PutOpen.op: _release_put,
+    Open.op: _release_open, Opendir.op: _release_opendir, PutOpen.op: _release_put, Settle.op: _release_settled,
 }
 
 
@@ -172,7 +193,9 @@ class ClusterClient:
         """Run `op` on `node`; its errors come back as OSError, an unreachable node as PeerUnavailable."""
         connection = await self.connection(node)
         ours = args[0] if op in ON_HANDLE and args and type(args[0]) is int else None
-        if ours is not None:
+        if ours is None:
+            return await self._send(node, connection, op, args, timeout)
+        while True:
             found = self._handles.get(ours)
             if found is None or found[0] != node:
                 if op in LETS_GO:
@@ -186,15 +209,32 @@ class ClusterClient:
                 raise OSError(errno.EIO, f"node {node} no longer holds this open file: the connection it was "
                                          f"opened on closed (the connection broke, or the node was restarted); "
                                          f"open it again")
-            args = (found[2], *args[1:])
+            again = False
+            try:
+                reply = await self._send(node, connection, op, (found[2], *args[1:]), timeout)
+            except OSError as exc:
+                renewed = self._handles.get(ours)
+                # sent on the number a settle retired meanwhile: refused, so never carried out
+                again = exc.errno == errno.EBADF and renewed is not None and renewed[2] != found[2]
+                if not again:
+                    raise
+                continue
+            finally:
+                if op in ENDS and not again:
+                    self._handles.pop(ours, None)
+            if op == Settle.op:
+                self._handles[ours] = (node, connection, Settle(0).reply_codec().decode(reply))
+                return ours
+            return reply
+
+    async def _send(self, node: str, connection: rpc.RpcClient, op: str, args: tuple[Any, ...],
+                    timeout: float | None) -> Any:
+        """One request on `connection`; a handle in its reply is given one of this client's numbers."""
         try:
             reply = await connection.call(op, *args, timeout=timeout or self.rpc_timeout)
         except PeerUnavailable as exc:
             self._failed(node, exc)
             raise self._translate(node, exc) from None
-        finally:
-            if ours is not None and op in ENDS:
-                self._handles.pop(ours, None)
         theirs = _handle_of(op, reply)
         if theirs is None:
             return reply

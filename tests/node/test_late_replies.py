@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,9 +21,9 @@ import pytest
 from gmountpy.protocol.client import call, run_sync
 
 from ..conftest import LocalCluster, fuse_problem, local_cluster, require, wait_for
+from . import slowfs
 
 OPEN_SECONDS = 1.5
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -38,28 +37,8 @@ def pair(tmp_path: Path) -> Iterator[LocalCluster]:
 @contextmanager
 def slow_opens(mountpoint: Path) -> Iterator[tuple[Path, list[str]]]:
     """slowfs at `mountpoint` with opens that take OPEN_SECONDS; yields its file and the opens it finished."""
-    mountpoint.mkdir()
-    process = subprocess.Popen([sys.executable, "-m", "tests.node.slowfs", str(mountpoint), "0", str(OPEN_SECONDS)],
-                               cwd=REPO, stdout=subprocess.PIPE, text=True)
-    opened: list[str] = []
-    try:
-        assert process.stdout is not None
-        assert process.stdout.readline().strip() == "ready", "slowfs did not start"
-        stdout = process.stdout
-        threading.Thread(target=lambda: opened.extend(line.strip() for line in stdout), daemon=True).start()
+    with slowfs.mounted(mountpoint, 0, OPEN_SECONDS) as opened:
         yield mountpoint / "slow.bin", opened
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        with open("/proc/self/mounts") as f:
-            if any(line.split(" ")[1] == str(mountpoint) for line in f):
-                subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True, check=False)
-        if process.stdout is not None:
-            process.stdout.close()
 
 
 def test_opens_answered_after_the_timeout_leave_no_descriptor_on_the_holder(pair: LocalCluster) -> None:

@@ -9,8 +9,6 @@ on a daemon whose event loop blocks, the damage would spill into other tests.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,9 +19,9 @@ import pytest
 from gmountpy.protocol.client import call, run_sync
 
 from ..conftest import LocalCluster, fuse_problem, local_cluster, require
+from . import slowfs
 
 SLOW_READ_SECONDS = 6.0
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -37,25 +35,8 @@ def pair(tmp_path: Path) -> Iterator[LocalCluster]:
 @contextmanager
 def slow_filesystem(mountpoint: Path) -> Iterator[Path]:
     """Mount slowfs at `mountpoint` (inside an export) for the block; always unmounted after."""
-    mountpoint.mkdir()
-    process = subprocess.Popen([sys.executable, "-m", "tests.node.slowfs", str(mountpoint), str(SLOW_READ_SECONDS)],
-                               cwd=REPO, stdout=subprocess.PIPE, text=True)
-    try:
-        assert process.stdout is not None
-        assert process.stdout.readline().strip() == "ready", "slowfs did not start"
+    with slowfs.mounted(mountpoint, SLOW_READ_SECONDS):
         yield mountpoint / "slow.bin"
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
-        with open("/proc/self/mounts") as f:
-            if any(line.split(" ")[1] == str(mountpoint) for line in f):
-                subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True, check=False)
 
 
 def _in_background(func) -> tuple[threading.Thread, dict[str, object]]:  # type: ignore[no-untyped-def]

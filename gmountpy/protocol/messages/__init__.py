@@ -89,6 +89,7 @@ from .files import (
     ReplicaSource,
     Rescan,
     Rmdir,
+    Settle,
     Setxattr,
     Statfs,
     Symlink,
@@ -144,6 +145,6 @@ __all__ = [
     "Open", "OpenReply", "Opendir", "OpendirReply", "Operations", "PATH_MAX", "PartOk", "PartRedirect", "Ping",
     "PingReply", "PutAbort", "PutClose", "PutOpen", "R", "REQUESTS", "Read", "Readdir", "Readlink", "Recorded",
     "Remove", "Removexattr", "Rename", "RenewTls", "ReplicaSource", "Request", "Rescan", "Rmdir", "SetPeers",
-    "Setxattr", "Shutdown", "SplitEntry", "SplitPayload", "Stage", "StageReply", "Statfs", "Stats", "Symlink",
+    "Settle", "Setxattr", "Shutdown", "SplitEntry", "SplitPayload", "Stage", "StageReply", "Statfs", "Stats", "Symlink",
     "SyncEntry", "T", "Truncate", "Unlink", "Utimens", "Where", "Write", "malformed_reply", "operations",
 ]

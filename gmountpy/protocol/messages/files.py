@@ -363,6 +363,16 @@ class Close(Request[None]):
     handle: Handle
 
 
+@dataclass(frozen=True)
+class Settle(Request[int]):
+    """Retire `handle` for a new one of the same open file, answered once every call on it that the node
+    has begun has returned; a call on the old number that has not begun is refused (EBADF). After a write
+    that got no reply, what lands of it has landed when this answers: close(2) asks it."""
+
+    op = "settle"
+    handle: Handle
+
+
 # --------------------------------------------------------------------------- whole files from outside the mount
 # put_open, write..., put_close (or put_abort)
 
