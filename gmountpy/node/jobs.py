@@ -10,12 +10,15 @@ the job where it is told. The rule is Pwrake's (`gmountpy.jobs.placement`,
 docs/design.md "Placement"); a job without located inputs stays on the node
 asked (make's own node): `gmountpy.jobs.placement.place_job`, which `gmount plan` uses too.
 
-The placer also counts the jobs running on each node, so that a job whose data
-sits on a full node goes to one with a free slot (`place_job`'s `running`): a
-job it placed for make's `gmount-job` runs as long as that client process
-lives (it waits for its recipe), known from the socket's peer credentials the
-moment it is placed; other jobs (Snakemake's, the API's) from the registrations
-on this machine (`gmountpy.cluster.registry`).
+The placer also counts the jobs running on each node and how long each has
+run, and remembers how long the jobs that ended took, so that a job whose data
+sits on a full node is delay scheduled (`place_job`'s cost model): the request
+is answered only when the holder frees a slot, or when the wait would cost more
+than reading the inputs remotely on a node with a free slot. A job it placed
+for make's `gmount-job` runs as long as that client process lives (it waits for
+its recipe), known from the socket's peer credentials the moment it is placed;
+other jobs (Snakemake's, the API's) from the registrations on this machine
+(`gmountpy.cluster.registry`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ import os
 import posixpath
 import socket
 import stat
+import statistics
 import struct
+import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -36,7 +42,7 @@ from ..cluster import registry
 from ..cluster.config import ClusterSpec
 from ..cluster.jobsocket import MAGIC, MAX_MESSAGE
 from ..cluster.overlay import Overlay
-from ..jobs.placement import place_job
+from ..jobs.placement import DEFAULT_SITE_MBIT, DEFAULT_WAN_MBIT, place_job
 from .export import off_loop
 from .locator import Location
 from .namespace import MergedListing
@@ -49,6 +55,10 @@ REQUEST_TIMEOUT = 30.0
 MAX_LINKS = 8
 #: The client program whose process lives exactly as long as the job it asked for (make's wrapper).
 JOB_CLIENT = "gmount-job"
+#: A job waiting for a slot on the node holding its data looks again this often (s).
+WAIT_POLL = 0.05
+#: A node's typical job duration is the median of its last this many jobs.
+DURATIONS_KEPT = 20
 
 #: The jobs running on this machine for a cluster: registry rows (node, kind, pid, ...).
 RunningJobs = Callable[[str], list[dict[str, Any]]]
@@ -73,8 +83,12 @@ class JobPlacer:
         self.me = me
         self.running_jobs = running_jobs
         self.alive = alive
-        #: jobs placed for a gmount-job client still running: its process -> the node
-        self._held: dict[Process, str] = {}
+        #: jobs placed for a gmount-job client still running: its process -> (the node, when placed)
+        self._held: dict[Process, tuple[str, float]] = {}
+        #: other starters' registered jobs seen running: (pid, started) -> the node
+        self._registered: dict[tuple[int, float], str] = {}
+        #: how long the last jobs that ended on each node ran (s)
+        self._durations: dict[str, deque[float]] = {}
         self.spec = spec
         self.overlay = overlay
         self.namespace = namespace
@@ -122,13 +136,21 @@ class JobPlacer:
             if found is not None and found not in paths:
                 paths.append(found)
         holdings = await self.holdings(paths)
-        rows = await off_loop(self.running_jobs, self.spec.name)
-        # from here to holding the job, no await: requests answered together see each other's jobs
-        placed = place_job(holdings, self.nodes, asked=self.me, slots=self.slots, rtt=self.overlay.rtt, pin=pin,
-                           planned=planned, running=self.running(rows))
+        asked_at, waited = time.monotonic(), 0.0
+        while True:
+            rows = await off_loop(self.running_jobs, self.spec.name)
+            # from here to holding the job, no await: requests answered together see each other's jobs
+            counts, ages = self.load(rows)
+            placed = place_job(holdings, self.nodes, asked=self.me, slots=self.slots, rtt=self.overlay.rtt, pin=pin,
+                               planned=planned, running=counts, ages=ages, typical=self.typical(),
+                               waited=waited, bandwidth=self.bandwidth)
+            if placed.wait <= 0:
+                break
+            await trio.sleep(min(placed.wait, WAIT_POLL))
+            waited = time.monotonic() - asked_at
         node = placed.node
         if client is not None:
-            self._held[client] = node
+            self._held[client] = (node, time.monotonic())
         remote_node = self.is_remote(node)
         return {"node": node, "site": self.spec.node(node).site, "cluster": self.spec.name, "make_node": self.me,
                 "cwd": directory, "remote": "1" if remote_node else "0",
@@ -137,16 +159,48 @@ class JobPlacer:
                 "bytes_remote": str(placed.bytes_remote)}
 
     def running(self, rows: list[dict[str, Any]]) -> dict[str, int]:
-        """Jobs running per node: those placed for gmount-job clients that still run, and the
-        registrations `rows` (registry.running) of other starters (make's are the clients counted)."""
-        self._held = {client: node for client, node in self._held.items() if self.alive(client)}
-        counts: dict[str, int] = {}
-        for node in self._held.values():
-            counts[node] = counts.get(node, 0) + 1
+        """Jobs running per node (`load`'s counts)."""
+        return self.load(rows)[0]
+
+    def load(self, rows: list[dict[str, Any]]) -> tuple[dict[str, int], dict[str, list[float]]]:
+        """(jobs running per node, seconds each has run per node): those placed for gmount-job clients
+        that still run, and the registrations `rows` (registry.running) of other starters (make's are
+        the clients counted). A job seen before and gone now adds its duration to its node's record."""
+        now, wall = time.monotonic(), time.time()
+        held: dict[Process, tuple[str, float]] = {}
+        for client, (node, since) in self._held.items():
+            if self.alive(client):
+                held[client] = (node, since)
+            else:
+                self._ended(node, now - since)
+        self._held = held
+        ages: dict[str, list[float]] = {}
+        for node, since in held.values():
+            ages.setdefault(node, []).append(now - since)
+        registered: dict[tuple[int, float], str] = {}
         for row in rows:
             if row.get("kind") != "make":
-                counts[str(row["node"])] = counts.get(str(row["node"]), 0) + 1
-        return counts
+                node, started = str(row["node"]), float(row.get("started", wall))
+                registered[(int(row.get("pid", 0)), started)] = node
+                ages.setdefault(node, []).append(max(0.0, wall - started))
+        for key, node in self._registered.items():
+            if key not in registered:
+                self._ended(node, wall - key[1])
+        self._registered = registered
+        return {node: len(running) for node, running in ages.items()}, ages
+
+    def _ended(self, node: str, seconds: float) -> None:
+        self._durations.setdefault(node, deque(maxlen=DURATIONS_KEPT)).append(seconds)
+
+    def typical(self) -> dict[str, float]:
+        """Each node's typical job duration (s): the median of its last jobs; nodes with none ended are absent."""
+        return {node: statistics.median(seconds) for node, seconds in self._durations.items() if seconds}
+
+    def bandwidth(self, a: str, b: str) -> float:
+        """Bytes/s between nodes `a` and `b`: the cluster file gives RTTs only, so the stated defaults
+        (`gmountpy.jobs.placement.DEFAULT_WAN_MBIT` between sites, DEFAULT_SITE_MBIT within one)."""
+        same_site = self.overlay.site_of(a) == self.overlay.site_of(b)
+        return (DEFAULT_SITE_MBIT if same_site else DEFAULT_WAN_MBIT) * 1e6 / 8
 
     async def holdings(self, paths: list[str]) -> dict[str, dict[str, int]]:
         """holdings[namespace path][node] = bytes, as `place_job` takes them, asked all at once.
