@@ -6,7 +6,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gmountpy.jobs.placement import choose_node
+from gmountpy.jobs.placement import (
+    MAX_WAIT,
+    WAIT_FLOOR,
+    JobPlacement,
+    choose_node,
+    expected_wait,
+    move_seconds,
+    place_job,
+)
 
 NODES = ["n1", "n2", "n3", "n4", "n5"]
 SITE = {"n1": "a", "n2": "a", "n3": "b", "n4": "b", "n5": "c"}
@@ -150,3 +158,83 @@ def test_decision_is_an_immutable_value() -> None:
         del first.reason  # type: ignore[misc]
     with pytest.raises(TypeError):
         hash(first)
+
+
+# --------------------------------------------------------------------------- delay scheduling
+
+
+MIB = 1 << 20
+#: 100 Mbit/s between every pair of nodes, as bytes/s
+WAN = 100e6 / 8
+
+
+def delayed(holdings: dict[str, dict[str, int]], **load: object) -> JobPlacement:
+    """A workflow job asked from n1 while n1 (one slot) runs a job and n3 (one slot) is free."""
+    return place_job(holdings, ["n1", "n3"], asked="n1", slots={"n1": 1, "n3": 1}, rtt=rtt,
+                     running={"n1": 1}, bandwidth=lambda a, b: WAN, **load)  # type: ignore[arg-type]
+
+
+def test_a_job_waits_for_its_holder_that_frees_a_slot_soon() -> None:
+    # n1's jobs take 10 s and the one running has run 9.5: a slot frees in 0.5 s, within the floor
+    small = {"/doc": {"n1": 1000}}
+    placed = delayed(small, ages={"n1": [9.5]}, typical={"n1": 10.0})
+    assert (placed.node, placed.wait) == ("n1", WAIT_FLOOR)
+    assert "waits up to 1.0 s for a slot (expected wait there 0.5 s" in placed.reason
+    # still waiting 0.4 s later: the same node, the rest of the floor
+    later = delayed(small, ages={"n1": [9.9]}, typical={"n1": 10.0}, waited=0.4)
+    assert later.node == "n1" and later.wait == pytest.approx(WAIT_FLOOR - 0.4)
+    # the slot freed: the holder at once, and the reason says the job waited
+    freed = place_job(small, ["n1", "n3"], asked="n1", slots={"n1": 1, "n3": 1}, rtt=rtt, running={},
+                      waited=0.5)
+    assert (freed.node, freed.wait, freed.bytes_remote) == ("n1", 0.0, 0)
+    assert freed.reason.endswith("; waited 0.5 s for a free slot")
+    # a slot held "for a moment" with nothing known about n1's jobs: the floor too, never an instant move
+    assert delayed(small).node == "n1" and delayed(small).wait == WAIT_FLOOR
+
+
+def test_a_job_with_large_inputs_waits_longer_than_its_holder_needs() -> None:
+    # 8 s expected wait; reading 200 MiB at 100 Mbit/s plus one RTT takes ~16.8 s: wait, up to that
+    large = {"/tile": {"n1": 200 * MIB}}
+    move = 200 * MIB / WAN + 0.014
+    assert move_seconds(large, "n3", rtt, lambda a, b: WAN) == pytest.approx(move)
+    placed = delayed(large, ages={"n1": [2.0]}, typical={"n1": 10.0})
+    assert placed.node == "n1" and placed.wait == pytest.approx(move)
+    assert placed.bytes_local == 200 * MIB and placed.bytes_remote == 0
+    # still n1 after 10 s of waiting (the job there overran); moved only once the wait cost the move
+    assert delayed(large, ages={"n1": [12.0]}, typical={"n1": 10.0}, waited=10.0).node == "n1"
+    moved = delayed(large, ages={"n1": [19.0]}, typical={"n1": 10.0}, waited=move)
+    assert (moved.node, moved.wait, moved.bytes_remote) == ("n3", 0.0, 200 * MIB)
+    assert "waited 16.8 s" in moved.reason and "n3 has a free slot" in moved.reason
+    # however large the inputs, no client waits longer than MAX_WAIT for a reply
+    huge = {"/cube": {"n1": 10_000 * MIB}}
+    assert delayed(huge, ages={"n1": [2.0]}, typical={"n1": 10.0}).wait == MAX_WAIT
+    assert delayed(huge, ages={"n1": [2.0]}, typical={"n1": 10.0}, waited=MAX_WAIT).node == "n3"
+
+
+def test_a_job_with_small_inputs_moves_when_its_holder_is_busy_for_long() -> None:
+    # n1's jobs take 60 s, the running one started 1 s ago; reading 64 KiB remotely costs ~0.02 s
+    small = {"/doc": {"n1": 64 * 1024}}
+    placed = delayed(small, ages={"n1": [1.0]}, typical={"n1": 60.0})
+    assert (placed.node, placed.wait) == ("n1", WAIT_FLOOR)  # only the floor
+    assert "expected wait there 59.0 s, reading the inputs on n3 0.0 s" in placed.reason
+    moved = delayed(small, ages={"n1": [2.0]}, typical={"n1": 60.0}, waited=WAIT_FLOOR)
+    assert (moved.node, moved.bytes_local, moved.bytes_remote) == ("n3", 0, 64 * 1024)
+
+
+def test_delay_scheduling_applies_only_when_a_free_node_exists_and_load_is_known() -> None:
+    small = {"/doc": {"n1": 1000}}
+    nodes, slots = ["n1", "n3"], {"n1": 1, "n3": 1}
+    # every node full: the holder at once (nowhere better to go); load unknown: the rule alone
+    full = place_job(small, nodes, asked="n1", slots=slots, rtt=rtt, running={"n1": 1, "n3": 1})
+    assert (full.node, full.wait) == ("n1", 0.0)
+    assert (place_job(small, nodes, asked="n1", slots=slots, rtt=rtt).node,) == ("n1",)
+    # the free node that reads the least: n2 shares n1's site (0.15 ms) where n3 is 14 ms away
+    near = place_job({"/doc": {"n1": 1000}}, ["n1", "n2", "n3"], asked="n1",
+                     slots={"n1": 1, "n2": 1, "n3": 1}, rtt=rtt, running={"n1": 1}, waited=WAIT_FLOOR)
+    assert near.node == "n2"
+
+
+def test_expected_wait_is_typical_duration_less_the_oldest_running_jobs_age() -> None:
+    assert expected_wait([3.0, 7.0], 10.0) == 3.0
+    assert expected_wait([12.0], 10.0) == 0.0  # overdue: any moment now
+    assert expected_wait([3.0], None) is None  # nothing ended there yet

@@ -31,7 +31,7 @@ TYPE_CHECKING = False  # typing is not imported at run time: per-job wrappers im
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["jobs_dir", "register", "running", "unregister"]
+__all__ = ["jobs_dir", "process_start", "register", "running", "unregister"]
 
 #: registrations of ended jobs are removed by readers, and by about one registration in this many
 #: (those of pids divisible by it): a long run that nobody watches leaves about this many behind
@@ -134,6 +134,12 @@ def _live(folder: str) -> list[str]:
         else:
             unregister(path)  # its process ended (or the pid now belongs to another process)
     return live
+
+
+def process_start(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot): with the pid, a key no later process reuses;
+    None if it does not run."""
+    return _start_ticks(pid)
 
 
 def _start_ticks(pid: int) -> int | None:

@@ -9,6 +9,16 @@ and the wrapper (make's C `gmount-job`, the Snakemake executor) only runs
 the job where it is told. The rule is Pwrake's (`gmountpy.jobs.placement`,
 docs/design.md "Placement"); a job without located inputs stays on the node
 asked (make's own node): `gmountpy.jobs.placement.place_job`, which `gmount plan` uses too.
+
+The placer also counts the jobs running on each node and how long each has
+run, and remembers how long the jobs that ended took, so that a job whose data
+sits on a full node is delay scheduled (`place_job`'s cost model): the request
+is answered only when the holder frees a slot, or when the wait would cost more
+than reading the inputs remotely on a node with a free slot. A job it placed
+for make's `gmount-job` runs as long as that client process lives (it waits for
+its recipe), known from the socket's peer credentials the moment it is placed;
+other jobs (Snakemake's, the API's) from the registrations on this machine
+(`gmountpy.cluster.registry`).
 """
 
 from __future__ import annotations
@@ -18,16 +28,22 @@ import os
 import posixpath
 import socket
 import stat
+import statistics
 import struct
+import time
+from collections import deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import trio
 
 from .._trio import open_nursery
+from ..cluster import registry
 from ..cluster.config import ClusterSpec
 from ..cluster.jobsocket import MAGIC, MAX_MESSAGE
 from ..cluster.overlay import Overlay
-from ..jobs.placement import place_job
+from ..jobs.placement import DEFAULT_SITE_MBIT, DEFAULT_WAN_MBIT, place_job
+from .export import off_loop
 from .locator import Location
 from .namespace import MergedListing
 
@@ -37,6 +53,17 @@ log = logging.getLogger(__name__)
 REQUEST_TIMEOUT = 30.0
 #: Symbolic links followed in a row for one input (as the kernel's limit, smaller).
 MAX_LINKS = 8
+#: The client program whose process lives exactly as long as the job it asked for (make's wrapper).
+JOB_CLIENT = "gmount-job"
+#: A job waiting for a slot on the node holding its data looks again this often (s).
+WAIT_POLL = 0.05
+#: A node's typical job duration is the median of its last this many jobs.
+DURATIONS_KEPT = 20
+
+#: The jobs running on this machine for a cluster: registry rows (node, kind, pid, ...).
+RunningJobs = Callable[[str], list[dict[str, Any]]]
+#: A process as (pid, start time in clock ticks since boot).
+Process = tuple[int, int]
 
 
 class NamespaceView(Protocol):
@@ -51,8 +78,17 @@ class JobPlacer:
     """Answers placement requests for the daemon of node `me`."""
 
     def __init__(self, me: str, spec: ClusterSpec, overlay: Overlay, namespace: NamespaceView,
-                 mountpoint_real: str | None = None) -> None:
+                 mountpoint_real: str | None = None, running_jobs: RunningJobs = registry.running,
+                 alive: Callable[[Process], bool] = lambda p: registry.process_start(p[0]) == p[1]) -> None:
         self.me = me
+        self.running_jobs = running_jobs
+        self.alive = alive
+        #: jobs placed for a gmount-job client still running: its process -> (the node, when placed)
+        self._held: dict[Process, tuple[str, float]] = {}
+        #: other starters' registered jobs seen running: (pid, started) -> the node
+        self._registered: dict[tuple[int, float], str] = {}
+        #: how long the last jobs that ended on each node ran (s)
+        self._durations: dict[str, deque[float]] = {}
         self.spec = spec
         self.overlay = overlay
         self.namespace = namespace
@@ -79,9 +115,11 @@ class JobPlacer:
         """Whether `node`'s mount is on another machine (jobs reach it over SSH)."""
         return node != self.me and self.spec.launcher == "ssh"
 
-    async def place(self, cwd: str, inputs: list[str], pin: str = "", planned: str = "") -> dict[str, str]:
+    async def place(self, cwd: str, inputs: list[str], pin: str = "", planned: str = "",
+                    client: Process | None = None) -> dict[str, str]:
         """The reply to one request (`gmountpy.cluster.jobsocket.REPLY_KEYS`); `planned`: the node DAG-aware
-        staging planned the job on (`gmountpy.jobs.prestage`), taken if the rule counts it a candidate."""
+        staging planned the job on (`gmountpy.jobs.prestage`), taken if the rule counts it a candidate;
+        `client`: the gmount-job process that asked, which runs the job until it ends."""
         self.requests += 1
         directory = self._namespace_path(posixpath.normpath(cwd)) if cwd.startswith("/") else None
         if directory is None:
@@ -98,15 +136,71 @@ class JobPlacer:
             if found is not None and found not in paths:
                 paths.append(found)
         holdings = await self.holdings(paths)
-        placed = place_job(holdings, self.nodes, asked=self.me, slots=self.slots, rtt=self.overlay.rtt, pin=pin,
-                           planned=planned)
+        asked_at, waited = time.monotonic(), 0.0
+        while True:
+            rows = await off_loop(self.running_jobs, self.spec.name)
+            # from here to holding the job, no await: requests answered together see each other's jobs
+            counts, ages = self.load(rows)
+            placed = place_job(holdings, self.nodes, asked=self.me, slots=self.slots, rtt=self.overlay.rtt, pin=pin,
+                               planned=planned, running=counts, ages=ages, typical=self.typical(),
+                               waited=waited, bandwidth=self.bandwidth)
+            if placed.wait <= 0:
+                break
+            await trio.sleep(min(placed.wait, WAIT_POLL))
+            waited = time.monotonic() - asked_at
         node = placed.node
+        if client is not None:
+            self._held[client] = (node, time.monotonic())
         remote_node = self.is_remote(node)
         return {"node": node, "site": self.spec.node(node).site, "cluster": self.spec.name, "make_node": self.me,
                 "cwd": directory, "remote": "1" if remote_node else "0",
                 "dir": "" if remote_node else posixpath.join(self.spec.node(node).mountpoint, directory.lstrip("/")),
                 "reason": placed.reason, "inputs": str(len(holdings)), "bytes_local": str(placed.bytes_local),
                 "bytes_remote": str(placed.bytes_remote)}
+
+    def running(self, rows: list[dict[str, Any]]) -> dict[str, int]:
+        """Jobs running per node (`load`'s counts)."""
+        return self.load(rows)[0]
+
+    def load(self, rows: list[dict[str, Any]]) -> tuple[dict[str, int], dict[str, list[float]]]:
+        """(jobs running per node, seconds each has run per node): those placed for gmount-job clients
+        that still run, and the registrations `rows` (registry.running) of other starters (make's are
+        the clients counted). A job seen before and gone now adds its duration to its node's record."""
+        now, wall = time.monotonic(), time.time()
+        held: dict[Process, tuple[str, float]] = {}
+        for client, (node, since) in self._held.items():
+            if self.alive(client):
+                held[client] = (node, since)
+            else:
+                self._ended(node, now - since)
+        self._held = held
+        ages: dict[str, list[float]] = {}
+        for node, since in held.values():
+            ages.setdefault(node, []).append(now - since)
+        registered: dict[tuple[int, float], str] = {}
+        for row in rows:
+            if row.get("kind") != "make":
+                node, started = str(row["node"]), float(row.get("started", wall))
+                registered[(int(row.get("pid", 0)), started)] = node
+                ages.setdefault(node, []).append(max(0.0, wall - started))
+        for key, node in self._registered.items():
+            if key not in registered:
+                self._ended(node, wall - key[1])
+        self._registered = registered
+        return {node: len(running) for node, running in ages.items()}, ages
+
+    def _ended(self, node: str, seconds: float) -> None:
+        self._durations.setdefault(node, deque(maxlen=DURATIONS_KEPT)).append(seconds)
+
+    def typical(self) -> dict[str, float]:
+        """Each node's typical job duration (s): the median of its last jobs; nodes with none ended are absent."""
+        return {node: statistics.median(seconds) for node, seconds in self._durations.items() if seconds}
+
+    def bandwidth(self, a: str, b: str) -> float:
+        """Bytes/s between nodes `a` and `b`: the cluster file gives RTTs only, so the stated defaults
+        (`gmountpy.jobs.placement.DEFAULT_WAN_MBIT` between sites, DEFAULT_SITE_MBIT within one)."""
+        same_site = self.overlay.site_of(a) == self.overlay.site_of(b)
+        return (DEFAULT_SITE_MBIT if same_site else DEFAULT_WAN_MBIT) * 1e6 / 8
 
     async def holdings(self, paths: list[str]) -> dict[str, dict[str, int]]:
         """holdings[namespace path][node] = bytes, as `place_job` takes them, asked all at once.
@@ -195,8 +289,26 @@ def prepare_directory(directory: str) -> str | None:
 
 
 def peer_uid(sock: trio.socket.SocketType) -> int:
+    return peer_credentials(sock)[1]
+
+
+def peer_credentials(sock: trio.socket.SocketType) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end of a unix socket."""
     pid_uid_gid = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", pid_uid_gid)[1])
+    pid, uid, _ = struct.unpack("3i", pid_uid_gid)
+    return int(pid), int(uid)
+
+
+def job_client(pid: int) -> Process | None:
+    """The process `pid` as a key while it runs, if it is make's gmount-job (which lives as long as the
+    job it asks for); None for any other client (the Snakemake executor asks for many jobs)."""
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            name = f.read().strip()
+    except OSError:
+        return None
+    started = registry.process_start(pid)
+    return (pid, started) if name == os.fsencode(JOB_CLIENT) and started is not None else None
 
 
 def encode_reply(reply: dict[str, str] | None, error: str = "") -> bytes:
@@ -287,7 +399,7 @@ def write_card(placer: JobPlacer, socket_file: str) -> str:
 
 
 async def _answer(placer: JobPlacer, stream: trio.SocketStream) -> None:
-    uid = peer_uid(stream.socket)
+    pid, uid = peer_credentials(stream.socket)
     if uid != os.geteuid():
         await stream.send_all(encode_reply(None, f"node {placer.me} places jobs for uid {os.geteuid()} only"))
         return
@@ -307,7 +419,8 @@ async def _answer(placer: JobPlacer, stream: trio.SocketStream) -> None:
         return
     try:
         cwd, pin, planned, inputs = decode_request(b"".join(chunks))
-        reply = encode_reply(await placer.place(cwd, inputs, pin, planned))
+        client = await off_loop(job_client, pid) if pid > 0 else None
+        reply = encode_reply(await placer.place(cwd, inputs, pin, planned, client))
     except ValueError as exc:
         reply = encode_reply(None, f"node {placer.me}: {exc}")
     except Exception as exc:  # never take the daemon down for one request: say what happened

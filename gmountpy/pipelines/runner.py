@@ -282,6 +282,7 @@ def run_on_cluster(cluster: Cluster, pipe: Pipeline, size: int, engine: str, pla
     counters = _delta(after, before)
     report = _report(pipe, size, engine, placement, cluster, workdir, home_dir, run, started_ns, rows, counters)
     report["job_seconds"] = placement_log_seconds(home_dir, rows, pipe.rules)
+    report["recipe_gaps"] = placement_log_gaps(home_dir)
     report["prestage"] = follower.stats.to_dict() if follower is not None else None
     report.update(options or {})
     return report
@@ -383,6 +384,26 @@ def placement_log_seconds(directory: str, rows: list[dict[str, Any]],
         entry["seconds"] = round(entry["seconds"] + seconds, 3)
         entry["max_seconds"] = round(max(entry["max_seconds"], seconds), 3)
     return result
+
+
+def placement_log_gaps(directory: str) -> dict[str, float | int]:
+    """What each recipe waited after a slot freed: from the last recipe end before it to its own command
+    starting (make noticing the end, picking the next recipe, gmount-job placing it, the spawn), from
+    make's placement log (each recipe's end time and seconds). The median says what a recipe costs
+    beyond its command; the maximum also holds make waiting for a prerequisite."""
+    spans = [(float(r["time"]) - float(r.get("seconds", 0.0)), float(r["time"]))
+             for r in _placement_records(directory) if "target" in r and "time" in r]
+    ends = sorted(end for _, end in spans)
+    gaps = []
+    for start, _ in spans:
+        before = [end for end in ends if end <= start]
+        if before:
+            gaps.append(start - before[-1])
+    if not gaps:
+        return {}
+    gaps.sort()
+    return {"recipes": len(gaps), "median_s": round(gaps[len(gaps) // 2], 3), "max_s": round(gaps[-1], 3),
+            "total_s": round(sum(gaps), 3)}
 
 
 def _report(pipe: Pipeline, size: int, engine: str, placement: str, cluster: Cluster, workdir: str, home_dir: str,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from gmountpy.cli.plan import Job, Plan, PlannedJob, human, predict, render
-from gmountpy.jobs.placement import JobPlacement, input_bytes, place_job
+from gmountpy.jobs.placement import WAIT_FLOOR, JobPlacement, input_bytes, place_job
 from gmountpy_make.plan import Recipe, is_dry_run, parse_record
 
 NODES = ["n1", "n2", "n3", "n4"]
@@ -44,6 +44,34 @@ def test_place_job_pins_then_rule_then_the_node_asked() -> None:
         place_job(holdings, NODES, asked="n2", slots=SLOTS, rtt=rtt, pin="n9")
     # a replica: both holders read it locally; the others read its one copy remotely
     assert input_bytes({"/r": {"n1": 50, "n2": 50}, "/s": {"n3": 7}}, "n2") == (50, 7)
+
+
+def test_place_job_sends_a_job_whose_holder_stays_full_to_a_free_node() -> None:
+    # make -j2 starts two chains of one site's documents together: the second waits for n1's slot at
+    # least WAIT_FLOOR (tests/test_placement.py: the cost model), then goes where a slot is free
+    holdings = {"/doc0": {"n1": 3000}, "/cfg": {"n4": 10}}
+    two = {"n1": 1, "n2": 1}
+    assert place_job(holdings, ["n1", "n2", "n3", "n4"], asked="n1", slots=SLOTS, rtt=rtt,
+                     running={}).node == "n1"
+    waiting = place_job(holdings, ["n1", "n2", "n3", "n4"], asked="n1", slots=SLOTS, rtt=rtt, running=two)
+    assert (waiting.node, waiting.wait) == ("n1", WAIT_FLOOR)
+    spilled = place_job(holdings, ["n1", "n2", "n3", "n4"], asked="n1", slots=SLOTS, rtt=rtt, running=two,
+                        waited=WAIT_FLOOR)
+    # the free nodes n3 and n4 read the big input at the same RTT; n4 holds the small one
+    assert spilled.node == "n4" and spilled.reason.startswith("n1 holds the most input bytes but runs 1 jobs on 1")
+    assert (spilled.bytes_local, spilled.bytes_remote, spilled.wait) == (10, 3000, 0.0)
+    # a node on the holder's site reads the rest at its lower RTT
+    assert place_job({"/doc0": {"n1": 3000}}, NODES, asked="n1", slots=SLOTS, rtt=rtt,
+                     running={"n1": 1}, waited=WAIT_FLOOR).node == "n2"
+    # every node full: the rule's node (the job waits for its slot there); unknown load: the rule alone
+    full = {n: 1 for n in NODES}
+    assert place_job(holdings, NODES, asked="n1", slots=SLOTS, rtt=rtt, running=full).node == "n1"
+    assert place_job(holdings, NODES, asked="n1", slots=SLOTS, rtt=rtt).node == "n1"
+    # a planned node is kept while it has a free slot, waited for and then left when it stays full
+    replicated = {"/doc0": {"n1": 3000, "n3": 3000}}
+    assert place_job(replicated, NODES, asked="n1", slots=SLOTS, rtt=rtt, planned="n3", running={"n1": 1}).node == "n3"
+    assert place_job(replicated, NODES, asked="n1", slots=SLOTS, rtt=rtt, planned="n3",
+                     running={"n3": 1}).node == "n1"
 
 
 # --------------------------------------------------------------------------- predict

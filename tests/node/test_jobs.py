@@ -11,13 +11,14 @@ import os
 import socket
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import trio
 
 from gmountpy.cluster import jobsocket
-from gmountpy.jobs.placement import choose_node
+from gmountpy.jobs.placement import WAIT_FLOOR, choose_node
 from gmountpy.node.jobs import JobPlacer, decode_request, encode_reply, prepare_directory, serve_jobs
 
 from .._trio import trio_test
@@ -64,6 +65,64 @@ async def test_place_scores_inputs_as_the_placement_rule_does(tmp_path: Path) ->
         assert (await jobs.place(cwd, ["b.txt", "a.txt"], planned="n1"))["node"] == "n3"  # 100 < 1000 / 2
         with pytest.raises(ValueError, match="planned on 'n9', which is not a node"):
             await jobs.place(cwd, ["b.txt"], planned="n9")
+
+
+@trio_test
+async def test_place_counts_running_jobs_and_delays_the_next_for_its_holder(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path) as cluster:
+        cluster["n3"].put("wf/b.txt", b"b" * 1000)
+        registered: list[dict[str, object]] = []
+        running: set[tuple[int, int]] = set()
+        node = cluster["n1"]
+        jobs = JobPlacer("n1", cluster.spec, cluster.overlay, node.namespace,  # type: ignore[attr-defined]
+                         running_jobs=lambda name: list(registered), alive=lambda client: client in running)
+        cwd = f"{mount(cluster, 'n1')}/wf"
+        assert cluster.spec.node("n3").slots == 2  # type: ignore[attr-defined]
+        # two gmount-job clients answered together fill n3's two slots
+        running |= {(10, 1), (11, 1)}
+        async with trio.open_nursery() as nursery:
+            for pid in (10, 11):
+                nursery.start_soon(jobs.place, cwd, ["b.txt"], "", "", (pid, 1))
+        assert jobs.running([]) == {"n3": 2}
+        # a third job on b.txt: n3 stays full, so it waits WAIT_FLOOR (nothing ended on n3 yet, and
+        # reading 1000 bytes remotely costs less) and then goes to a free node
+        running.add((12, 1))
+        started = trio.current_time()
+        third = await jobs.place(cwd, ["b.txt"], client=(12, 1))
+        assert WAIT_FLOOR <= trio.current_time() - started < WAIT_FLOOR + 1.0
+        assert third["node"] != "n3" and third["bytes_remote"] == "1000"
+        assert third["reason"].startswith("n3 holds the most input bytes but runs 2 jobs on 2 slots: waited 1.0 s")
+        # their own registrations (kind make) do not count twice; another starter's job does
+        registered += [{"node": "n3", "pid": 20, "kind": "make", "started": time.time()},
+                       {"node": "n2", "pid": 21, "kind": "snakemake", "started": time.time() - 3}]
+        counts, ages = jobs.load(list(registered))
+        assert counts == {"n3": 2, third["node"]: 1, "n2": 1}
+        assert 3 <= max(ages["n2"]) < 5 and all(age < 5 for age in ages["n3"])
+        registered.clear()
+        # a fourth job waits for n3; one n3 job ends (its gmount-job exits) 0.3 s into the wait: n3
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: trio.sleep(0.3))
+            started = trio.current_time()
+
+            async def end_one() -> None:
+                await trio.sleep(0.3)
+                running.discard((10, 1))
+
+            nursery.start_soon(end_one)
+            fourth = await jobs.place(cwd, ["b.txt"])
+        assert fourth["node"] == "n3" and 0.3 <= trio.current_time() - started < WAIT_FLOOR
+        assert "waited 0.3 s for a free slot" in fourth["reason"]
+        # the ended jobs are n3's and n2's typical durations from now on
+        assert set(jobs.typical()) == {"n3", "n2"} and jobs.typical()["n2"] >= 3
+        # a client that is not a gmount-job (None) is not held: the Snakemake executor asks for many jobs
+        assert jobs.running([]) == {"n3": 1, third["node"]: 1}
+
+
+def test_job_clients_are_gmount_job_processes_only() -> None:
+    from gmountpy.node.jobs import job_client
+
+    assert job_client(os.getpid()) is None  # python, not gmount-job
+    assert job_client(2**22 + 12345) is None  # no such process
 
 
 @trio_test

@@ -33,6 +33,7 @@ from gmountpy.pipelines.montage.tiles import write_tiles
 from gmountpy.pipelines.runner import (
     check_against,
     job_table,
+    placement_log_gaps,
     placement_log_nodes,
     run_on_cluster,
     run_single_directory,
@@ -305,3 +306,13 @@ def test_a_job_is_counted_on_the_node_its_placement_log_names_not_the_first_hold
     rows = job_table(jobs, files, placement_log_nodes(str(tmp_path)))
     assert [r["node"] for r in rows] == ["n2", "n1"]
     assert all(r["holds_most_inputs"] for r in rows)
+
+
+def test_recipe_gaps_are_the_waits_between_a_slot_freeing_and_the_next_command(tmp_path: Path) -> None:
+    (tmp_path / ".gmount").mkdir()
+    # two slots: a and b start together; c starts 0.25 s after a ended, d 0.5 s after b ended
+    lines = [{"target": "a", "time": 12.0, "seconds": 2.0}, {"target": "b", "time": 13.0, "seconds": 3.0},
+             {"target": "c", "time": 14.25, "seconds": 2.0}, {"target": "d", "time": 15.5, "seconds": 2.0}]
+    (tmp_path / ".gmount" / "make-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert placement_log_gaps(str(tmp_path)) == {"recipes": 2, "median_s": 0.5, "max_s": 0.5, "total_s": 0.75}
+    assert placement_log_gaps(str(tmp_path / "none")) == {}

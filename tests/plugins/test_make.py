@@ -851,3 +851,47 @@ def test_wheel_carries_gmount_job_built_and_make_uses_it(cluster: LocalCluster, 
     assert (here / "out.txt").read_text() == "n4\n"
     assert [(e["node"], e["via"]) for e in read_log(next((here / ".gmount").glob("make-*.jsonl")))] == [
         ("n4", "daemon")]
+
+
+def test_make_sends_a_recipe_whose_holder_is_full_to_a_free_node(cluster: LocalCluster) -> None:
+    """Three recipes whose inputs all sit on n3 (2 slots), started together by make -j3: two run on
+    n3, the third on a free node (n4: same site, the lowest cost to read the input) instead of sharing
+    n3's slots while the others idle."""
+    wf = "wf-full"
+    (cluster.export("n3") / wf).mkdir(parents=True, exist_ok=True)
+    for i in range(3):
+        (cluster.export("n3") / wf / f"in{i}.dat").write_bytes(b"x" * 5000)
+    (cluster.export("n1") / wf).mkdir(parents=True, exist_ok=True)
+    (cluster.export("n1") / wf / "Makefile").write_text(
+        INCLUDE + "all: out0 out1 out2\nout%: in%.dat\n\tsleep 2; echo $$GMOUNT_NODE > $@\n")
+    cluster.rescan()
+    here = cluster.mount("n1") / wf
+    result = make(here, "-j3")
+    assert result.returncode == 0, result.stderr
+    ran = {f"out{i}": (here / f"out{i}").read_text().strip() for i in range(3)}
+    assert sorted(ran.values()) == ["n3", "n3", "n4"], ran
+    entries = read_log(next((here / ".gmount").glob("make-*.jsonl")))
+    moved = [e for e in entries if e["node"] == "n4"]
+    assert len(moved) == 1 and moved[0]["bytes_remote"] == 5000 and moved[0]["bytes_local"] == 0
+
+
+def test_make_waits_for_the_holder_that_frees_a_slot_within_the_floor(cluster: LocalCluster) -> None:
+    """As above, but out0's recipe is short: n3 frees a slot well within WAIT_FLOOR, so the third
+    recipe waits for it and runs on n3 too, reading nothing remotely (delay scheduling,
+    gmountpy.jobs.placement), instead of leaving its data for the free node."""
+    wf = "wf-soon"
+    (cluster.export("n3") / wf).mkdir(parents=True, exist_ok=True)
+    for i in range(3):
+        (cluster.export("n3") / wf / f"in{i}.dat").write_bytes(b"x" * 5000)
+    (cluster.export("n1") / wf).mkdir(parents=True, exist_ok=True)
+    (cluster.export("n1") / wf / "Makefile").write_text(
+        INCLUDE + "all: out0 out1 out2\nout0: in0.dat\n\tsleep 0.2; echo $$GMOUNT_NODE > $@\n"
+        "out%: in%.dat\n\tsleep 3; echo $$GMOUNT_NODE > $@\n")
+    cluster.rescan()
+    here = cluster.mount("n1") / wf
+    result = make(here, "-j3")
+    assert result.returncode == 0, result.stderr
+    ran = {f"out{i}": (here / f"out{i}").read_text().strip() for i in range(3)}
+    assert ran == {"out0": "n3", "out1": "n3", "out2": "n3"}, ran
+    entries = read_log(next((here / ".gmount").glob("make-*.jsonl")))
+    assert [e["bytes_remote"] for e in entries] == [0, 0, 0], entries
