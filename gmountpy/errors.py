@@ -37,3 +37,8 @@ class NodeUnavailable(PeerUnavailable, GmountError):
 
 class AuthenticationFailed(GmountError):
     """The peer did not prove knowledge of the cluster secret."""
+
+
+def named(message: str, node: str) -> str:
+    """A peer's error message, naming the node it came from unless it already does."""
+    return message if f"node {node}" in message else f"{message} (on node {node})"

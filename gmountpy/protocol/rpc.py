@@ -46,7 +46,7 @@ from typing import Any
 import trio
 
 from .._trio import open_nursery
-from ..errors import AuthenticationFailed, PeerUnavailable
+from ..errors import AuthenticationFailed, PeerUnavailable, named
 from . import wire
 from .tls import certificate_name, certificate_names
 
@@ -103,11 +103,6 @@ class BadRequest(OSError):
 
     def __init__(self, message: str) -> None:
         super().__init__(errno.EINVAL, message)
-
-
-def named(message: str, node: str) -> str:
-    """A peer's error message, naming the node it came from unless it already does."""
-    return message if f"node {node}" in message else f"{message} (on node {node})"
 
 
 class RequestTimedOut(PeerUnavailable):
