@@ -158,10 +158,6 @@ class JobPlacer:
                 "reason": placed.reason, "inputs": str(len(holdings)), "bytes_local": str(placed.bytes_local),
                 "bytes_remote": str(placed.bytes_remote)}
 
-    def running(self, rows: list[dict[str, Any]]) -> dict[str, int]:
-        """Jobs running per node (`load`'s counts)."""
-        return self.load(rows)[0]
-
     def load(self, rows: list[dict[str, Any]]) -> tuple[dict[str, int], dict[str, list[float]]]:
         """(jobs running per node, seconds each has run per node): those placed for gmount-job clients
         that still run, and the registrations `rows` (registry.running) of other starters (make's are

@@ -83,7 +83,7 @@ async def test_place_counts_running_jobs_and_delays_the_next_for_its_holder(tmp_
         async with trio.open_nursery() as nursery:
             for pid in (10, 11):
                 nursery.start_soon(jobs.place, cwd, ["b.txt"], "", "", (pid, 1))
-        assert jobs.running([]) == {"n3": 2}
+        assert jobs.load([])[0] == {"n3": 2}
         # a third job on b.txt: n3 stays full, so it waits WAIT_FLOOR (nothing ended on n3 yet, and
         # reading 1000 bytes remotely costs less) and then goes to a free node
         running.add((12, 1))
@@ -115,7 +115,7 @@ async def test_place_counts_running_jobs_and_delays_the_next_for_its_holder(tmp_
         # the ended jobs are n3's and n2's typical durations from now on
         assert set(jobs.typical()) == {"n3", "n2"} and jobs.typical()["n2"] >= 3
         # a client that is not a gmount-job (None) is not held: the Snakemake executor asks for many jobs
-        assert jobs.running([]) == {"n3": 1, third["node"]: 1}
+        assert jobs.load([])[0] == {"n3": 1, third["node"]: 1}
 
 
 def test_job_clients_are_gmount_job_processes_only() -> None:

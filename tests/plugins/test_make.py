@@ -853,19 +853,23 @@ def test_wheel_carries_gmount_job_built_and_make_uses_it(cluster: LocalCluster, 
         ("n4", "daemon")]
 
 
-def test_make_sends_a_recipe_whose_holder_is_full_to_a_free_node(cluster: LocalCluster) -> None:
-    """Three recipes whose inputs all sit on n3 (2 slots), started together by make -j3: two run on
-    n3, the third on a free node (n4: same site, the lowest cost to read the input) instead of sharing
-    n3's slots while the others idle."""
-    wf = "wf-full"
+def _three_inputs_on_n3(cluster: LocalCluster, wf: str, rules: str) -> Path:
+    """A workflow directory whose three inputs in0-2.dat (5000 B each) n3 holds, with a Makefile made
+    of `rules` for out0-2 in n1's export; returns it in n1's mount."""
     (cluster.export("n3") / wf).mkdir(parents=True, exist_ok=True)
     for i in range(3):
         (cluster.export("n3") / wf / f"in{i}.dat").write_bytes(b"x" * 5000)
     (cluster.export("n1") / wf).mkdir(parents=True, exist_ok=True)
-    (cluster.export("n1") / wf / "Makefile").write_text(
-        INCLUDE + "all: out0 out1 out2\nout%: in%.dat\n\tsleep 2; echo $$GMOUNT_NODE > $@\n")
+    (cluster.export("n1") / wf / "Makefile").write_text(INCLUDE + "all: out0 out1 out2\n" + rules)
     cluster.rescan()
-    here = cluster.mount("n1") / wf
+    return cluster.mount("n1") / wf
+
+
+def test_make_sends_a_recipe_whose_holder_is_full_to_a_free_node(cluster: LocalCluster) -> None:
+    """Three recipes whose inputs all sit on n3 (2 slots), started together by make -j3: two run on
+    n3, the third on a free node (n4: same site, the lowest cost to read the input) instead of sharing
+    n3's slots while the others idle."""
+    here = _three_inputs_on_n3(cluster, "wf-full", "out%: in%.dat\n\tsleep 2; echo $$GMOUNT_NODE > $@\n")
     result = make(here, "-j3")
     assert result.returncode == 0, result.stderr
     ran = {f"out{i}": (here / f"out{i}").read_text().strip() for i in range(3)}
@@ -879,16 +883,8 @@ def test_make_waits_for_the_holder_that_frees_a_slot_within_the_floor(cluster: L
     """As above, but out0's recipe is short: n3 frees a slot well within WAIT_FLOOR, so the third
     recipe waits for it and runs on n3 too, reading nothing remotely (delay scheduling,
     gmountpy.jobs.placement), instead of leaving its data for the free node."""
-    wf = "wf-soon"
-    (cluster.export("n3") / wf).mkdir(parents=True, exist_ok=True)
-    for i in range(3):
-        (cluster.export("n3") / wf / f"in{i}.dat").write_bytes(b"x" * 5000)
-    (cluster.export("n1") / wf).mkdir(parents=True, exist_ok=True)
-    (cluster.export("n1") / wf / "Makefile").write_text(
-        INCLUDE + "all: out0 out1 out2\nout0: in0.dat\n\tsleep 0.2; echo $$GMOUNT_NODE > $@\n"
-        "out%: in%.dat\n\tsleep 3; echo $$GMOUNT_NODE > $@\n")
-    cluster.rescan()
-    here = cluster.mount("n1") / wf
+    here = _three_inputs_on_n3(cluster, "wf-soon", "out0: in0.dat\n\tsleep 0.2; echo $$GMOUNT_NODE > $@\n"
+                                                   "out%: in%.dat\n\tsleep 3; echo $$GMOUNT_NODE > $@\n")
     result = make(here, "-j3")
     assert result.returncode == 0, result.stderr
     ran = {f"out{i}": (here / f"out{i}").read_text().strip() for i in range(3)}
