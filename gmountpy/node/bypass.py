@@ -370,7 +370,7 @@ class BypassServer:
 
     async def _valid_replica(self, path: str) -> bool:
         location = await self.ns.lookup(path)
-        return location.node == self.ns.me and location.attr.is_file
+        return location.node == self.ns.me and location.attr.is_file and await self.ns.locator.confirm_replica(path)
 
     # -- changes made through the bypass -----------------------------------------------------
 

@@ -94,6 +94,7 @@ class Locator(Protocol):
     def invalidate(self, path: str) -> None: ...
     def forget_absent(self, path: str, is_dir: bool = False) -> None: ...
     def forget_all(self) -> None: ...
+    async def confirm_replica(self, path: str) -> bool: ...
 
 
 class _Replies:
@@ -138,6 +139,9 @@ class FloodLocator:
         # The node last seen holding each path, kept past the TTL: if that node stops
         # answering, a lookup says EIO (the file is there but unreachable), not ENOENT.
         self._last_holder: TtlCache[str, str] = TtlCache(max_entries)
+        # Staged replicas found unchanged at their source: a lookup (stat, `where`) trusts that for
+        # `ttl`, as it trusts any attributes; an open asks the source again (confirm_replica).
+        self._replicas_checked: TtlCache[str, ReplicaSource] = TtlCache(max_entries)
         self._flights = Flights()
         self._hits = self._negative_hits = self._misses = self._remote = 0
 
@@ -206,19 +210,34 @@ class FloodLocator:
                                              f"({', '.join(sorted(unreachable))} unreachable)")
         return None
 
-    async def _replica_still_valid(self, path: str, replica: ReplicaSource) -> bool:
+    async def _replica_still_valid(self, path: str, replica: ReplicaSource, *, exact: bool = False) -> bool:
+        """Is the source of this node's replica of `path` unchanged? Asks the source, unless it said
+        so within `ttl` and not `exact` (an open is exact: close-to-open)."""
+        now = trio.current_time()
+        if not exact and self._replicas_checked.get(path, now) == replica:
+            return True
         try:
             attr = await self._peers.ask(replica.node, msg.Lookup(path))
         except OSError:
             return False  # cannot vouch for it: use the source (or fail) rather than risk stale data
         if attr is not None and (attr.size, attr.mtime_ns) == (replica.size, replica.mtime_ns):
+            self._replicas_checked.put(path, replica, now + self.ttl, now)
             return True
+        self._replicas_checked.pop(path)
         log.info("replica of %s from %s is stale; dropping it", path, replica.node)
         try:
             await self._peers.ask(self._peers.me, msg.DropReplica(path, replica.size, replica.mtime_ns))
         except OSError as exc:
             log.warning("could not drop stale replica %s: %s", path, exc)
         return False
+
+    async def confirm_replica(self, path: str) -> bool:
+        """Before an open serves this node's replica of `path`: False when its source changed (the
+        replica is dropped; look the path up again). True when `path` here is no replica."""
+        reply = await self._peers.ask(self._peers.me, msg.Locate(path))
+        if reply is None or reply.replica is None:
+            return True
+        return await self._replica_still_valid(path, reply.replica, exact=True)
 
     async def listing(self, directory: str) -> list[tuple[str, list[Location]]] | None:
         """No one node knows a whole directory here: None, the namespace asks every node."""
@@ -363,6 +382,8 @@ class FloodLocator:
         caches: tuple[TtlCache[str, Location], TtlCache[str, None], TtlCache[str, str]] = (
             self._positive, self._negative, self._last_holder)
         prefixes = (src + "/", dst + "/")
+        self._replicas_checked.pop(src)
+        self._replicas_checked.pop(dst)
         for cache in caches:
             cache.pop(src)
             cache.pop(dst)
@@ -374,6 +395,7 @@ class FloodLocator:
     def invalidate(self, path: str) -> None:
         self._positive.pop(path)
         self._negative.pop(path)
+        self._replicas_checked.pop(path)
         self._mark_stale(path)
 
     def forget_absent(self, path: str, is_dir: bool = False) -> None:
@@ -393,6 +415,7 @@ class FloodLocator:
         """Drop every cached answer (the set of reachable nodes changed)."""
         self._positive.clear()
         self._negative.clear()
+        self._replicas_checked.clear()
 
     def _remember_negative(self, path: str) -> None:
         if self.negative_ttl <= 0:

@@ -237,6 +237,9 @@ class Namespace:
         """Open at the holder; the handle's attributes are the holder's, fresh (close-to-open)."""
         writing = flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC
         location = await (self._original(path) if writing else self.lookup(path))
+        if location.replica_of is not None and not await self.locator.confirm_replica(path):
+            self.locator.invalidate(path)  # its source changed since the lookup: read the source
+            location = await self.lookup(path)
         try:
             return await self._open_at(location, path, flags)
         except PeerUnavailable:
