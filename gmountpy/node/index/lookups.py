@@ -236,10 +236,9 @@ class Lookups(HomeRouting):
         """Every holder, nearest first, from the home (1 round trip), or none under the home's
         leased "not found" (a rename's target, just looked up by the kernel: the home tells this
         node of a create before that create returns, so the lease is exact). When the home cannot
-        answer exactly (unreachable, a node not listed), GMount's search answers instead. Another
-        node's staged replica is listed while the home's record of its source has its size and
-        mtime; for `strict`, only the search (its source) can tell. This node's own export is
-        always looked at too: a file written straight into it is a holder before a scan tells the home.
+        answer exactly (unreachable, a node not listed, a staged replica whose validity only its
+        source can tell), GMount's search answers instead. This node's own export is always
+        looked at too: a file written straight into it is a holder before a scan tells the home.
         `strict` (unlink, rmdir, rename): PeerUnavailable when the home's backup answers in its
         place, or when a node could not be asked (the search's own `strict`)."""
         local = await self._local(path)
@@ -270,13 +269,14 @@ class Lookups(HomeRouting):
                 self._fallbacks += 1
                 return await self._flood.find_all(path, strict=strict)
             holders = reply.holders
-        if strict and any(holder.replica_of is not None for holder in holders):
-            self._fallbacks += 1  # whether a staged replica is still valid only its source can tell
+        if any(holder.replica_of is not None for holder in holders):
+            # whether a staged replica is still there and valid only its node and its source can tell (a
+            # replica dropped as stale, or removed outside the mounts, may still be on the home's record)
+            self._fallbacks += 1
             return await self._flood.find_all(path, strict=strict)
-        found = [Location(holder.node, holder.attr, replica_of=holder.replica_of) for holder in holders
-                 if holder.replica_of is None or (holder.node != self._peers.me and _same_version(holder, holders))]
-        if local is not None:  # this node's own export answers for this node (a replica: checked at its source)
-            found = [loc for loc in found if loc.node != local.node] + [local]
+        found = [Location(holder.node, holder.attr) for holder in holders]
+        if local is not None and local.replica_of is None and all(loc.node != local.node for loc in found):
+            found.append(local)
         return sorted(found, key=lambda loc: self.rank(loc.node))
 
     async def listing(self, directory: str) -> list[tuple[str, list[Location]]] | None:
@@ -456,11 +456,3 @@ class Lookups(HomeRouting):
 
     def _remember_negative(self, path: str, until: float) -> None:
         self._negative.put(path, None, until, trio.current_time())
-
-
-def _same_version(replica: IndexHolder, holders: Sequence[IndexHolder]) -> bool:
-    """The home's record of a replica's source has the replica's size and mtime: for `where`, as
-    exact as the home (a close tells it before returning); an open asks the source itself."""
-    return any(holder.node == replica.replica_of and holder.replica_of is None
-               and (holder.attr.size, holder.attr.mtime_ns) == (replica.attr.size, replica.attr.mtime_ns)
-               for holder in holders)
