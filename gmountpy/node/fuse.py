@@ -566,10 +566,13 @@ class GmountOperations(pyfuse3.Operations):
     @_fuse_errors
     async def flush(self, fh: int) -> None:
         # Writes go straight to the holder, nothing is buffered here; but a write that got no reply
-        # is settled, so that close(2) returning means every write has landed or never will.
+        # is settled, and a written file announced, so that close(2) returning means every write has
+        # landed or never will, and the directory's home knows the file's new size and times.
         handle = self._files.get(fh)
         if handle is not None:
-            await self.ns.flush(handle)
+            inode = self._inode_of[fh]
+            handle.path = self.inodes.path(inode)  # renamed through this node while open: the name it has now
+            await self.ns.flush(handle, named=self.inodes.inode(handle.path) == inode)
 
     @_fuse_errors
     async def fsync(self, fh: int, datasync: bool) -> None:

@@ -66,6 +66,8 @@ class FileHandle:
     reader: ReadAhead | None = None  # sequential read-ahead, remote handles only
     created: bool = False        # made by this open (O_CREAT of a new name), not an existing file
     unsettled: str | None = None  # a write sent to the holder whose outcome is not known: which, and why
+    dirty: bool = False          # written through this handle since its last announcement (remote handles)
+    announced: tuple[int, int, int] | None = None  # the version its directory's home was last told of
 
     @property
     def remote_handle(self) -> int:
@@ -375,7 +377,7 @@ class Namespace:
                 handle.reader.invalidate()
 
     async def write(self, handle: FileHandle, offset: int, data: bytes) -> int:
-        handle.wrote = True
+        handle.wrote = handle.dirty = True
         if handle.reader is not None:
             handle.reader.invalidate()
         self.locator.invalidate(handle.path)  # release() learns the final attributes
@@ -403,10 +405,18 @@ class Namespace:
                 break  # the holder wrote less (a full disk): say so, as write(2) would
         return written
 
-    async def flush(self, handle: FileHandle, call: str = "close") -> None:
+    async def flush(self, handle: FileHandle, call: str = "close", *, named: bool = True) -> None:
         """close(2) of a descriptor (and fsync): when it returns, every write made through the handle has
-        landed at the holder or never will (docs/failures.md). Free unless a write got no reply: then the
-        holder is asked to settle the handle (one round trip), and if it cannot be asked, this fails with EIO."""
+        landed at the holder or never will (docs/failures.md), and a file written through it has been
+        announced to its directory's home (close-to-open: the home vouches for staged replicas of it).
+        Free for a handle that wrote nothing. A write that got no reply makes the holder settle the
+        handle first (one round trip); if it cannot be asked, this fails with EIO. `named`: False
+        when the file was unlinked or renamed over while open (its name is another file's now)."""
+        await self._settle(handle, call)
+        if call == "close" and handle.wrote and named:
+            await self._announce_written(handle)
+
+    async def _settle(self, handle: FileHandle, call: str) -> None:
         if handle.unsettled is None or handle.fd is not None:
             return
         try:
@@ -419,11 +429,34 @@ class Namespace:
             raise OSError(errno.EIO, message) from None
         handle.unsettled = None
 
+    async def _announce_written(self, handle: FileHandle) -> None:
+        """Tell the directory's home of the file's new version, if it changed since the last time.
+
+        A handle of this node's file is checked by its fstat (the kernel's passthrough writes it
+        unseen here); another node's file only if written through this handle since."""
+        if handle.fd is not None:
+            attr = self.export.attr(os.fstat(handle.fd))
+        elif handle.dirty:
+            try:
+                attr = await self.peers.ask(handle.node, msg.Fstat(handle.remote_handle))
+            except OSError as exc:  # the release tells the home it is unsure of the file
+                log.info("could not learn the size of %s from node %s at its close: %s", handle.path, handle.node, exc)
+                return
+        else:
+            return
+        handle.dirty = False
+        version = _content_version(attr)
+        if version == (handle.announced or _content_version(handle.attr)):
+            return
+        self.locator.invalidate(handle.path)
+        await self.locator.announce_changed(handle.path, Location(handle.node, attr))
+        handle.announced = version
+
     async def fsync(self, handle: FileHandle, datasync: bool) -> None:
         if handle.fd is not None:
             await off_loop(os.fdatasync if datasync else os.fsync, handle.fd)
         else:
-            await self.flush(handle, "fsync")  # a write without reply lands (or never will) before the sync
+            await self._settle(handle, "fsync")  # a write without reply lands (or never will) before the sync
             await self.peers.ask(handle.node, msg.Fsync(handle.remote_handle, datasync))
 
     async def fstat(self, handle: FileHandle) -> Attr:
@@ -460,7 +493,7 @@ class Namespace:
                 if path is not None:
                     self.locator.invalidate(path)
             os.close(handle.fd)
-            if path is not None and final is not None:
+            if path is not None and final is not None and _content_version(final) != handle.announced:
                 await self.locator.announce_changed(path, Location(handle.node, final))
             return final
         if handle.reader is not None:
@@ -474,7 +507,8 @@ class Namespace:
         except OSError:
             pass  # the holder is gone; its side closed with the connection
         if path is not None and final is not None:
-            await self.locator.announce_changed(path, Location(handle.node, final))
+            if _content_version(final) != handle.announced:
+                await self.locator.announce_changed(path, Location(handle.node, final))
         elif path is not None and handle.wrote:  # written, but its final size is not known here
             await self.locator.announce_unsure([path])
         return final

@@ -89,6 +89,37 @@ def test_a_replica_is_checked_at_its_source_once_per_ttl_for_lookups_and_at_ever
     assert wait_for(lambda: not (cluster4.export("n2") / "stage-f.txt").exists(), timeout=3)
 
 
+def test_a_replica_on_its_directorys_home_is_checked_there_and_a_close_anywhere_is_seen_at_once(
+        cluster4: LocalCluster) -> None:
+    """The home of the replica's directory is told of every write before its close(2) returns, so an
+    open there checks the replica against the home's own record: no message to the source, and a
+    file rewritten through any node's mount is read in its new version at the next open."""
+    (cluster4.mount("n2") / "stage-home").mkdir()  # made through n2: n2 is the directory's home
+    (cluster4.mount("n3") / "stage-home" / "f.txt").write_text("version 1")
+    stage(cluster4, "n2", "/stage-home/f.txt")
+    on_n2 = cluster4.mount("n2") / "stage-home" / "f.txt"
+    api = ApiCluster.open(cluster4.spec.name)
+    assert os.getxattr(on_n2, "user.gmount.node") == b"n2"
+
+    def asked() -> int:
+        return sum(value for key, value in api.counters()["n2"].items()
+                   if key.startswith("messages.") and key not in ("messages.index_sync", "messages.index_owned"))
+
+    before = asked()
+    for _ in range(5):
+        assert on_n2.read_text() == "version 1"
+    assert asked() == before, "an open of the replica on its directory's home asked another node"
+
+    # the same size, no truncate: only the new mtime tells the versions apart, and only the close
+    # tells the home of it (n4 writes through a handle on n3's file, n3 through its own)
+    for writer, text in (("n4", "version 2"), ("n3", "version 3")):
+        time.sleep(0.01)
+        with open(cluster4.mount(writer) / "stage-home" / "f.txt", "r+") as f:
+            f.write(text)
+        assert on_n2.read_text() == text  # at once: the close told the home
+    assert wait_for(lambda: not (cluster4.export("n2") / "stage-home" / "f.txt").exists(), timeout=3)
+
+
 def test_writes_through_the_replica_node_go_to_the_source(cluster4: LocalCluster) -> None:
     (cluster4.export("n3") / "stage-d.txt").write_text("base\n")
     cluster4.rescan("n3")

@@ -433,6 +433,27 @@ class Lookups(HomeRouting):
         self._flood.invalidate(path)
 
     async def confirm_replica(self, path: str) -> bool:
+        """At an open of this node's replica of `path`: when this node is the home of its directory,
+        its own record of the source answers (a write through any mount announces the file to the
+        home before its close(2) returns, so the record is as exact as asking the source); else the
+        source itself."""
+        directory, name = split_parent(path)
+        if self.index is not None and self._homes.peek(directory) == self._peers.me and directory not in self._parts:
+            reply = await self._peers.ask(self._peers.me, msg.Locate(path))
+            if reply is None or reply.replica is None:
+                return True
+            replica = reply.replica
+            if self._peers.is_down(replica.node):
+                return await self._flood.confirm_replica(path)  # its changes may not have reached this home
+            try:
+                answer = await self._peers.ask(self._peers.me, msg.IndexLookup(directory, name, None))
+            except OSError:
+                answer = None
+            if answer is not None and answer.complete and not answer.pending and any(
+                    holder.node == replica.node and holder.replica_of is None
+                    and (holder.attr.size, holder.attr.mtime_ns) == (replica.size, replica.mtime_ns)
+                    for holder in answer.holders):
+                return True
         return await self._flood.confirm_replica(path)
 
     def forget_absent(self, path: str, is_dir: bool = False) -> None:
