@@ -55,7 +55,9 @@ def test_one_emulation_runs_every_system_and_checks_each_against_one_directory(
         assert run["makespan_s"] > 0 and run["wan_bytes_total"] > 0, system
         for node, per_cpu in run["cpu_by_node_per_cpu"].items():
             own = {str(c) for c in setting["cpus"]["nodes"][node]["cpus"]}
-            assert all(seconds == 0 for cpu, seconds in per_cpu.items() if cpu not in own), (system, node, per_cpu)
+            # a task moved into the node's cgroup while running on another CPU is charged there until the
+            # scheduler migrates it (a millisecond); a node using another's CPU shows seconds
+            assert all(seconds < 0.05 for cpu, seconds in per_cpu.items() if cpu not in own), (system, node, per_cpu)
     assert runs["gmountpy-locality"]["bytes_read"]["remote_fraction"] < 0.5
     assert "locality/gfarm" in setting["ratios"] and "locality/random" in setting["ratios"]
     assert out.with_suffix(".png").stat().st_size > 0
