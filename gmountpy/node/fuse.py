@@ -570,9 +570,13 @@ class GmountOperations(pyfuse3.Operations):
         # landed or never will, and the directory's home knows the file's new size and times.
         handle = self._files.get(fh)
         if handle is not None:
-            inode = self._inode_of[fh]
-            handle.path = self.inodes.path(inode)  # renamed through this node while open: the name it has now
-            await self.ns.flush(handle, named=self.inodes.inode(handle.path) == inode)
+            await self.ns.flush(handle, named=self._name_now(handle, self._inode_of[fh]))
+
+    def _name_now(self, handle: FileHandle, inode: int) -> bool:
+        """Give `handle` the name its file has now (renamed through this node while open); False when
+        that name is not this file's any more (unlinked or renamed over while open)."""
+        handle.path = self.inodes.path(inode)
+        return self.inodes.inode(handle.path) == inode
 
     @_fuse_errors
     async def fsync(self, fh: int, datasync: bool) -> None:
@@ -590,10 +594,7 @@ class GmountOperations(pyfuse3.Operations):
             handles.discard(fh)
             if not handles:
                 del self._open[inode]
-        path = self.inodes.path(inode)
-        handle.path = path  # renamed through this node while open: the name it has now
-        # unlinked or renamed over while open: that name is not this file's any more
-        final = await self.ns.release(handle, named=self.inodes.inode(path) == inode)
+        final = await self.ns.release(handle, named=self._name_now(handle, inode))
         if handle.wrote:
             # Our own writes changed mtime: remember the new version so our next open keeps the cache.
             if final is None:

@@ -20,7 +20,7 @@ import trio
 from ..._trio import open_nursery
 from ...errors import PeerUnavailable
 from ...protocol import messages as msg
-from ...protocol.messages import IndexHolder, IndexListReply, IndexLookupReply
+from ...protocol.messages import IndexHolder, IndexListReply, IndexLookupReply, ReplicaSource
 from ..locator import AbsentForNow, Flight, Location, drop_absent
 from .listings import LIST_AHEAD_AFTER, LIST_AHEAD_MAX, LIST_AHEAD_QUIET, LISTINGS_KEPT, Listing
 from .paths import join, split_parent
@@ -437,24 +437,28 @@ class Lookups(HomeRouting):
         its own record of the source answers (a write through any mount announces the file to the
         home before its close(2) returns, so the record is as exact as asking the source); else the
         source itself."""
+        reply = await self._peers.ask(self._peers.me, msg.Locate(path))
+        if reply is None or reply.replica is None:
+            return True
+        if await self._home_here_vouches(path, reply.replica):
+            return True
+        return await self._flood._replica_still_valid(path, reply.replica, exact=True)
+
+    async def _home_here_vouches(self, path: str, replica: ReplicaSource) -> bool:
+        """This node is the home of `path`'s directory and records the replica's source unchanged."""
         directory, name = split_parent(path)
-        if self.index is not None and self._homes.peek(directory) == self._peers.me and directory not in self._parts:
-            reply = await self._peers.ask(self._peers.me, msg.Locate(path))
-            if reply is None or reply.replica is None:
-                return True
-            replica = reply.replica
-            if self._peers.is_down(replica.node):
-                return await self._flood.confirm_replica(path)  # its changes may not have reached this home
-            try:
-                answer = await self._peers.ask(self._peers.me, msg.IndexLookup(directory, name, None))
-            except OSError:
-                answer = None
-            if answer is not None and answer.complete and not answer.pending and any(
-                    holder.node == replica.node and holder.replica_of is None
-                    and (holder.attr.size, holder.attr.mtime_ns) == (replica.size, replica.mtime_ns)
-                    for holder in answer.holders):
-                return True
-        return await self._flood.confirm_replica(path)
+        if self.index is None or self._homes.peek(directory) != self._peers.me or directory in self._parts:
+            return False
+        if self._peers.is_down(replica.node):
+            return False  # its changes may not have reached this home
+        try:
+            answer = await self._peers.ask(self._peers.me, msg.IndexLookup(directory, name, None))
+        except OSError:
+            return False
+        return answer.complete and not answer.pending and any(
+            holder.node == replica.node and holder.replica_of is None
+            and (holder.attr.size, holder.attr.mtime_ns) == (replica.size, replica.mtime_ns)
+            for holder in answer.holders)
 
     def forget_absent(self, path: str, is_dir: bool = False) -> None:
         """A home (or a node without one) says `path` exists now: drop "not found" for it and its parents."""
