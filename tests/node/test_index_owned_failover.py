@@ -81,6 +81,40 @@ async def test_an_owned_directorys_names_reach_its_backup_in_batches_one_message
         assert index.owns(directory)  # all the while: no other node asked
 
 
+@trio_test
+async def test_a_directory_made_and_removed_before_it_held_a_name_costs_its_backup_no_message(tmp_path: Path) -> None:
+    """ParaMark's mkdir then rmdir: the backup never got a name of the new directory, so its removal
+    has nothing to empty there. One that held a name has its copy emptied at its removal."""
+    async with open_cluster(tmp_path, lookup="index") as cluster:
+        owner = "n3"
+        ns, locator, watcher = cluster[owner].namespace, cluster[owner].locator, cluster[owner].watcher
+        index = cluster[owner].index
+        assert index is not None and watcher is not None
+        await ns.mkdir("/empty", 0o755)
+        await ns.mkdir("/full", 0o755)
+        assert index.owns("/empty") and index.owns("/full")
+        backup = homes_of_cluster(cluster).backup("/full", owner)
+        handle = await ns.create("/full/a", os.O_WRONLY | os.O_EXCL, 0o644)
+        await ns.release(handle)
+        cluster.reset_counts()
+        await watcher.scan()  # (the create's attributes come with the scan)
+        await locator.flush_owed()
+        assert _copies_sent(cluster) == {backup: 1} and _kept(cluster, backup, "/full") == {"a": 0}
+        cluster.reset_counts()
+        await ns.rmdir("/empty")
+        await locator.flush_owed()
+        assert _copies_sent(cluster) == {}
+        await ns.unlink("/full/a")
+        await ns.rmdir("/full")
+        await locator.flush_owed()
+        assert _copies_sent(cluster) == {backup: 1} and _kept(cluster, backup, "/full") == {}
+        cluster.reset_counts()
+        await ns.mkdir("/empty", 0o755)  # made again: a new directory, its backup holds nothing of it
+        await ns.rmdir("/empty")
+        await locator.flush_owed()
+        assert _copies_sent(cluster) == {}
+
+
 def homes_of_cluster(cluster: Cluster) -> Homes:
     locator = cluster["n1"].locator
     homes = getattr(locator, "homes", None)

@@ -198,7 +198,7 @@ class Changes(Lookups):
             if is_dir:
                 await self._seed(path, told_home=seeded)
                 if self._homes.peek(path) == self._peers.me and self.index is not None:
-                    await self.index.take_ownership(path)  # homed here, new everywhere: nobody holds a lease in it
+                    await self.index.take_ownership(path, new=True)  # homed here, new: nobody holds a lease in it
             return
         if path in self._unclaimed:
             self._unclaimed.discard(path)

@@ -91,9 +91,10 @@ class OwnedDirectories(SubdirectoryHomes):
         """Whether the request being served comes from another node (or a client)."""
         return REQUEST_FROM.get() != self._peers.me
 
-    async def take_ownership(self, directory: str) -> bool:
+    async def take_ownership(self, directory: str, new: bool = False) -> bool:
         """Own `directory` if nobody else holds a lease in it (see `_may_own`): this node made it
-        just now, or creates in it through its mount. True when owned now."""
+        just now (`new`: its backup holds no copy of names in it from this node), or creates in it
+        through its mount. True when owned now."""
         if directory in self._owned:
             return True
         if self.owners is None or not self._may_own(directory):
@@ -103,6 +104,8 @@ class OwnedDirectories(SubdirectoryHomes):
         self._owned.add(directory)
         self._ownerships += 1
         if directory not in self._names_copied:  # its backup gets its names from the next batch on
+            if new:
+                self._names_unsent.add(directory)
             self._copy_names(directory, self._dirs[directory].entries)  # (built and whole: `_may_own`)
         parent, name = split_parent(directory)
         if parent in self._dirs and parent not in self._backing and parent not in self._parts:
@@ -265,10 +268,12 @@ class OwnedDirectories(SubdirectoryHomes):
         backup = self._backup_node(directory)
         if backup is None:
             self._names_copied.discard(directory)
+            self._names_unsent.discard(directory)
             return
         if self._peers.is_down(backup):  # (a flush must not wait for it once per directory)
             self._requeue(directory, names)
             return
+        unsent = directory in self._names_unsent  # the backup holds no names of it from this node
         built = self._dirs.get(directory)
         stop = directory in self._parts
         whole = names is None or built is None or stop
@@ -302,6 +307,11 @@ class OwnedDirectories(SubdirectoryHomes):
                     later.update(waiting)
             if not changes:
                 return
+        if unsent and not changes:  # an empty copy would change nothing there: a directory made and
+            if stop:                # removed again before it held a name costs its backup no message
+                self._names_copied.discard(directory)
+                self._names_unsent.discard(directory)
+            return
         try:
             for start in range(0, max(len(changes), 1), PAGE):
                 await self._peers.ask(backup, msg.IndexOwned(directory, me, changes[start:start + PAGE],
@@ -311,6 +321,7 @@ class OwnedDirectories(SubdirectoryHomes):
             self._requeue(directory, None if whole else names)
             return
         self._copied += len(changes)
+        self._names_unsent.discard(directory)
         if stop:
             self._names_copied.discard(directory)
 

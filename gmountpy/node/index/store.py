@@ -140,6 +140,7 @@ class IndexStore:
         self._records_later: dict[str, dict[str, str | None]] = {}  # record copies for the next batch
         # the names of directories this node owned, copied to their backups in batches (owners)
         self._names_copied: set[str] = set()                # directories whose names are copied
+        self._names_unsent: set[str] = set()                # ... made here, their backup sent no name yet
         self._names_later: dict[str, set[str] | None] = {}  # names changed since the last batch (None: all)
         self._copied = 0                                    # names sent to backups so far
         # as a backup: directory -> (the home that owned it, the names it holds there, as last copied)
