@@ -7,7 +7,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gmountpy.jobs.placement import (
-    FILE_BYTES,
     MAX_WAIT,
     WAIT_FLOOR,
     JobPlacement,
@@ -121,23 +120,7 @@ def test_rtt_to_the_rest_breaks_ties() -> None:
     holdings = {"a": {"n1": 500, "n3": 500}, "b": {"n2": 300}}
     decision = choose_node(holdings, NODES, slots={}, running={}, rtt=rtt)
     assert decision.node in ("n1", "n2")
-    assert decision.remote_cost["n3"] == (300 + FILE_BYTES) * 14.0
-
-
-def test_of_two_nodes_with_nearly_the_bytes_the_one_lacking_fewer_files_wins() -> None:
-    """Montage's mImgtbl of the corrected tiles: four tiles on each node, n2's a few per cent larger,
-    the image list on n1. Bytes alone pick n2; every remote file also costs round trips, so n1."""
-    tile = 1_050_000
-    holdings: dict[str, dict[str, int]] = {f"corr/t{i}.fits": {"n1": tile} for i in range(4)}
-    holdings.update({f"corr/t{i}.fits": {"n2": tile + 30_000} for i in range(4, 8)})
-    holdings["tiles.tbl"] = {"n1": 400}
-    same_site = choose_node(holdings, NODES, slots={}, running={}, rtt=rtt)
-    assert same_site.candidates[:2] == ("n1", "n2")
-    assert same_site.scores["n2"] > same_site.scores["n1"]
-    assert same_site.node == "n1", same_site
-    # a real difference in bytes still wins over a file more
-    holdings.update({f"corr/t{i}.fits": {"n2": 2 * tile} for i in range(4, 8)})
-    assert choose_node(holdings, NODES, slots={}, running={}, rtt=rtt).node == "n2"
+    assert decision.remote_cost["n3"] == 300 * 14.0
 
 
 def test_no_located_inputs_goes_to_least_loaded() -> None:

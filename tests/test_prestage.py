@@ -382,31 +382,3 @@ def test_a_level_already_even_in_total_is_not_rebalanced_job_by_job() -> None:
     assert planner.update(holdings, done=[], running=2) == []
     assert all(planner.plan[f"{stage}/{d}"] == ("n1" if d in ("d0", "d1") else "n2")
                for stage, _ in chain for d in docs)
-
-
-def test_of_two_nodes_with_nearly_the_bytes_the_one_holding_more_of_the_files_is_planned() -> None:
-    """Montage's mImgtbl of the corrected tiles: four on each node, n2's a few per cent larger, the image
-    list on n1 (make's node). Bytes in staging units pick n2; a remote file costs round trips besides its
-    bytes (`placement.FILE_BYTES`), so n1, and nothing is staged to n2 for it."""
-    tiles = [f"corr/t{i}.fits" for i in range(8)]
-    dag = Dag({"cimages.tbl": ("tiles.tbl", *tiles)}, {}, ("cimages.tbl",))
-    holdings: dict[str, dict[str, int]] = {t: {"n1": 1_050_000} for t in tiles[:4]}
-    holdings.update({t: {"n2": 1_120_000} for t in tiles[4:]})
-    holdings["tiles.tbl"] = {"n1": 400}
-    planner = Planner(dag, ["n1", "n2"])
-    assert sum(holdings[t]["n2"] for t in tiles[4:]) // planner.min_bytes > \
-        sum(holdings[t]["n1"] for t in tiles[:4]) // planner.min_bytes  # bytes alone: n2
-    requests = planner.update(holdings, done=[])
-    assert planner.plan == {"cimages.tbl": "n1"}
-    assert sorted(requests) == [(t, "n1") for t in tiles[4:]]
-
-
-def test_small_files_do_not_pull_a_job_away_from_its_bytes() -> None:
-    """Many small tables on n1 count round trips, but n1 holds under half of the best node's bytes: as in
-    the placement rule, it is not a candidate, so the job stays planned with its 8 MiB on n2."""
-    tables = [f"t{i}.tbl" for i in range(40)]
-    dag = Dag({"out": ("big", *tables)}, {}, ("out",))
-    holdings: dict[str, dict[str, int]] = {"big": {"n2": 8 * MIB}, **{t: {"n1": 100} for t in tables}}
-    planner = Planner(dag, ["n1", "n2"])
-    planner.update(holdings, done=[])
-    assert planner.plan == {"out": "n2"}

@@ -12,12 +12,9 @@ The rule (docs/design.md, "Placement"), made precise:
 3. Among candidates, nodes with a free slot are preferred (if none has one,
    all candidates stay in: the job waits for, or oversubscribes, a slot).
 4. Then the lowest *remote cost*: for every located input the node does not
-   hold, its size plus FILE_BYTES, times the RTT to its nearest holder -- what
-   reading the rest of the inputs through the mount costs, since every remote
-   read is an RPC paying that RTT, the number of reads grows with the bytes,
-   and each remote file costs its open, first read and close on top. So of two
-   nodes holding nearly as many bytes, the one lacking fewer files wins: the
-   node with a workflow's small tables as well as half its tiles.
+   hold, its size times the RTT to its nearest holder -- what reading the rest
+   of the inputs through the mount costs, since every remote read is an RPC
+   paying that RTT and the number of reads grows with the bytes.
 5. Remaining ties: higher score, more inputs held (so zero-byte inputs still
    pull a job towards their holder), lower load (running / slots), then the
    order of the nodes in the cluster file -- deterministic, never random.
@@ -67,15 +64,9 @@ if TYPE_CHECKING:
     #: holdings[input][node] = bytes of `input` that `node` holds
     Holdings = Mapping[str, Mapping[str, int]]
 
-__all__ = ["DEFAULT_SITE_MBIT", "DEFAULT_WAN_MBIT", "FILE_BYTES", "MAX_WAIT", "WAIT_FLOOR", "Decision", "JobPlacement",
+__all__ = ["DEFAULT_SITE_MBIT", "DEFAULT_WAN_MBIT", "MAX_WAIT", "WAIT_FLOOR", "Decision", "JobPlacement",
            "choose_node", "expected_wait", "input_bytes", "move_seconds", "place_job"]
 
-#: Bytes one remote read brings (the kernel's FUSE read size), and the round trips a remote file costs
-#: besides its reads of bytes (open, a first read even of a tiny file, close): the per-file part of the
-#: remote cost, in bytes, is their product.
-READ_BYTES = 128 * 1024
-FILE_ROUND_TRIPS = 3
-FILE_BYTES = READ_BYTES * FILE_ROUND_TRIPS
 #: Link bandwidth assumed between two sites, and within a site, when nothing better is known (Mbit/s).
 DEFAULT_WAN_MBIT = 100.0
 DEFAULT_SITE_MBIT = 1000.0
@@ -97,7 +88,7 @@ class Decision:
     reason: str
     scores: Mapping[str, int]          # input bytes held, per node
     candidates: tuple[str, ...]        # nodes within half of the best score
-    remote_cost: Mapping[str, float]   # (bytes + FILE_BYTES per file) x ms still to read remotely, per node
+    remote_cost: Mapping[str, float]   # bytes x ms still to read remotely, per node
     unlocated: tuple[str, ...]         # inputs no node holds (ignored by the rule)
 
     def __init__(self, node: str, reason: str, scores: Mapping[str, int], candidates: tuple[str, ...],
@@ -180,7 +171,7 @@ def _remote_cost(node: str, located: Holdings, rtt: Callable[[str, str], float])
     for held in located.values():
         if node not in held:
             size = max(held.values())
-            cost += (size + FILE_BYTES) * min(rtt(node, holder) for holder in held)
+            cost += size * min(rtt(node, holder) for holder in held)
     return cost
 
 

@@ -8,12 +8,8 @@ corrected tile. Knowing the workflow's DAG, such reads can be moved out of the j
   of its input bytes, counting inputs not produced yet on the node their producer is planned
   on (estimated at the bytes their producer reads times the bytes written per byte read by
   the jobs done so far, shared by its outputs; else at the size of the job's produced
-  inputs), among the nodes holding at least half the best node's bytes (the placement
-  rule's candidates). Each input a node holds counts `placement.FILE_BYTES` on top of its
-  size (a remote file costs round trips besides its bytes), and the sum is compared in units
-  of `min_bytes`: of two nodes with nearly the same bytes, the one holding more of the files
-  wins (Montage's mImgtbl of the corrected tiles: half the tiles on each node, the tables on
-  one). Ties go to the node where inputs are still to be produced (they
+  inputs), in units of `min_bytes` (small
+  tables do not decide); ties go to the node where inputs are still to be produced (they
   cannot be moved ahead of time, the produced ones can), then to the node with fewer planned
   jobs, then to the node holding more of the inputs, then to cluster order. Then, as an engine
   runs jobs in its own order whatever node holds their data, a job whose node has more jobs of
@@ -53,7 +49,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .placement import FILE_BYTES
 from .planned import plan_path
 
 #: holdings[path][node] = bytes of `path` that `node` holds (a replica counts for its node)
@@ -251,13 +246,8 @@ class Planner:
                 score[planned] += estimate if guess is None else guess
                 pending[planned] += 1
         order = {node: i for i, node in enumerate(self.nodes)}
-        best = max(score.values())
-        candidates = [n for n in self.nodes if 2 * score[n] >= best]  # as the placement rule: half the best bytes
-        unit = max(self.min_bytes, 1)  # a byte or two does not decide: units of the staging size
-        # each input a node holds (or will) saves it a remote file's round trips (FILE_BYTES), as in the
-        # placement rule's remote cost: of two nodes with nearly the bytes, the one with more of the files
-        return max(candidates, key=lambda n: ((score[n] + FILE_BYTES * (held_count[n] + pending[n])) // unit,
-                                              pending[n], -load[n], held_count[n], -order[n]))
+        unit = max(self.min_bytes, 1)  # bytes below staging size do not decide: small tables sit on one node
+        return max(self.nodes, key=lambda n: (score[n] // unit, pending[n], -load[n], held_count[n], -order[n]))
 
 
 # --- the make database ------------------------------------------------------------------------------
