@@ -283,6 +283,7 @@ def run_on_cluster(cluster: Cluster, pipe: Pipeline, size: int, engine: str, pla
     report = _report(pipe, size, engine, placement, cluster, workdir, home_dir, run, started_ns, rows, counters)
     report["job_seconds"] = placement_log_seconds(home_dir, rows, pipe.rules)
     report["recipe_gaps"] = placement_log_gaps(home_dir)
+    report["job_log"] = placement_log_jobs(home_dir, started_ns / 1e9)
     report["prestage"] = follower.stats.to_dict() if follower is not None else None
     report.update(options or {})
     return report
@@ -404,6 +405,18 @@ def placement_log_gaps(directory: str) -> dict[str, float | int]:
     gaps.sort()
     return {"recipes": len(gaps), "median_s": round(gaps[len(gaps) // 2], 3), "max_s": round(gaps[-1], 3),
             "total_s": round(sum(gaps), 3)}
+
+
+def placement_log_jobs(directory: str, started: float) -> list[dict[str, Any]]:
+    """Each recipe make's placement log holds, in the order they started: its target, the node it ran on,
+    its start (seconds after `started`, a Unix time), its seconds and the input bytes it read locally and
+    remotely -- the timeline a slow run is read from."""
+    jobs = [{"target": r["target"], "node": r.get("node"), "start_s": round(float(r["time"]) - float(r["seconds"])
+                                                                          - started, 3),
+             "seconds": round(float(r["seconds"]), 3), "bytes_local": int(r.get("bytes_local", 0)),
+             "bytes_remote": int(r.get("bytes_remote", 0))}
+            for r in _placement_records(directory) if "target" in r and "time" in r and "seconds" in r]
+    return sorted(jobs, key=lambda job: job["start_s"])
 
 
 def _report(pipe: Pipeline, size: int, engine: str, placement: str, cluster: Cluster, workdir: str, home_dir: str,

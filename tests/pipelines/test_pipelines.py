@@ -34,6 +34,7 @@ from gmountpy.pipelines.runner import (
     check_against,
     job_table,
     placement_log_gaps,
+    placement_log_jobs,
     placement_log_nodes,
     run_on_cluster,
     run_single_directory,
@@ -316,3 +317,5 @@ def test_recipe_gaps_are_the_waits_between_a_slot_freeing_and_the_next_command(t
     (tmp_path / ".gmount" / "make-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     assert placement_log_gaps(str(tmp_path)) == {"recipes": 2, "median_s": 0.5, "max_s": 0.5, "total_s": 0.75}
     assert placement_log_gaps(str(tmp_path / "none")) == {}
+    assert [(job["target"], job["start_s"], job["seconds"]) for job in placement_log_jobs(str(tmp_path), 9.0)] == \
+        [("a", 1.0, 2.0), ("b", 1.0, 3.0), ("c", 3.25, 2.0), ("d", 4.5, 2.0)]
