@@ -194,7 +194,7 @@ class FloodLocator:
                     return Location(node, reply.attr)
                 # A staged replica serves reads only on its own node, and only while
                 # its source is unchanged; elsewhere the source is the holder.
-                if node == self._peers.me and await self._replica_still_valid(path, replica):
+                if node == self._peers.me and await self.replica_still_valid(path, replica):
                     return Location(node, reply.attr, replica_of=replica.node)
         # Nobody said "here". Only a unanimous "not here" is an answer that may be cached.
         if errors:
@@ -210,7 +210,7 @@ class FloodLocator:
                                              f"({', '.join(sorted(unreachable))} unreachable)")
         return None
 
-    async def _replica_still_valid(self, path: str, replica: ReplicaSource, *, exact: bool = False) -> bool:
+    async def replica_still_valid(self, path: str, replica: ReplicaSource, *, exact: bool = False) -> bool:
         """Is the source of this node's replica of `path` unchanged? Asks the source, unless it said
         so within `ttl` and not `exact` (an open is exact: close-to-open)."""
         now = trio.current_time()
@@ -237,7 +237,7 @@ class FloodLocator:
         reply = await self._peers.ask(self._peers.me, msg.Locate(path))
         if reply is None or reply.replica is None:
             return True
-        return await self._replica_still_valid(path, reply.replica, exact=True)
+        return await self.replica_still_valid(path, reply.replica, exact=True)
 
     async def listing(self, directory: str) -> list[tuple[str, list[Location]]] | None:
         """No one node knows a whole directory here: None, the namespace asks every node."""

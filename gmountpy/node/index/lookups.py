@@ -39,7 +39,7 @@ class Lookups(HomeRouting):
             return None
         if reply.replica is None:
             return Location(self._peers.me, reply.attr)
-        if await self._flood._replica_still_valid(path, reply.replica):
+        if await self._flood.replica_still_valid(path, reply.replica):
             return Location(self._peers.me, reply.attr, replica_of=reply.replica.node)
         return None
 
@@ -442,7 +442,7 @@ class Lookups(HomeRouting):
             return True
         if await self._home_here_vouches(path, reply.replica):
             return True
-        return await self._flood._replica_still_valid(path, reply.replica, exact=True)
+        return await self._flood.replica_still_valid(path, reply.replica, exact=True)
 
     async def _home_here_vouches(self, path: str, replica: ReplicaSource) -> bool:
         """This node is the home of `path`'s directory and records the replica's source unchanged."""
